@@ -1,0 +1,92 @@
+"""Frozen, validated engine configuration. CLI flags take their defaults from here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from chatfleet.errors import ConfigError
+
+
+def parse_memory_size(value: str | int | float) -> int:
+    """'2GiB', '512MiB', '1.5GB', '1000000' (bytes) -> bytes. A bare float < 1024 means GiB."""
+    if isinstance(value, (int, float)):
+        return int(value * (1 << 30)) if isinstance(value, float) and value < 1024 else int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|[KMGT]|B)?\s*", value, re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"cannot parse memory size {value!r}; use e.g. '2GiB', '512MiB' or bytes")
+    number, unit = float(m.group(1)), (m.group(2) or "").upper()
+    if not unit:
+        return int(number * (1 << 30)) if "." in m.group(1) or number < 1024 else int(number)
+    scale = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[0]]
+    if unit in ("KB", "MB", "GB", "TB"):
+        scale = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[unit[0]]
+    return int(number * scale)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_tokens: int | None = None  # --kv-cache-tokens
+    memory_bytes: int | None = None  # --kv-cache-memory
+    enable_prefix_caching: bool = True
+    eviction_policy: str = "lru"
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.num_tokens is not None and self.memory_bytes is not None:
+            raise ConfigError("give either --kv-cache-tokens or --kv-cache-memory, not both")
+        if self.num_tokens is not None and self.num_tokens < self.block_size:
+            raise ConfigError(f"kv cache must hold at least one block ({self.block_size} tokens)")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ConfigError("kv cache memory must be positive")
+
+    def num_blocks(self, bytes_per_token: int, default_tokens: int = 65536) -> int:
+        if self.num_tokens is not None:
+            return self.num_tokens // self.block_size
+        if self.memory_bytes is not None:
+            n = self.memory_bytes // (bytes_per_token * self.block_size)
+            if n < 1:
+                raise ConfigError(
+                    f"kv cache memory {self.memory_bytes} B holds no block "
+                    f"({bytes_per_token * self.block_size} B per block)"
+                )
+            return n
+        return default_tokens // self.block_size
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batched_tokens: int = 2048  # per-step token budget
+    max_running: int = 256  # concurrency cap: requests in the batch
+    max_waiting: int = 1024  # bounded FCFS queue; beyond it: 503
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_batched_tokens < 1:
+            raise ConfigError("max_batched_tokens must be >= 1")
+        if self.max_running < 1:
+            raise ConfigError("max_running must be >= 1")
+        if self.max_waiting < 0:
+            raise ConfigError("max_waiting must be >= 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"  # a local HF folder, or the built-in names 'tiny' / 'small'
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    num_threads: int | None = None  # torch intra-op threads; None: leave as is
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError("max_model_len must be >= 1")

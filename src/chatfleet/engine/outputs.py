@@ -1,0 +1,89 @@
+"""Named values passed between scheduler, runner and engine.
+
+``Scheduler.schedule() -> SchedulerOutput``; ``Runner.execute(SchedulerOutput) -> RunnerOutput``;
+``Scheduler.update(SchedulerOutput, RunnerOutput)``; ``Engine.step() -> list[RequestOutput]``.
+The runner never decides policy; the scheduler never touches tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatfleet.engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute ``token_ids`` (positions ``start_position`` ...) of one request this step."""
+
+    request_id: str
+    token_ids: list[int]
+    start_position: int  # == request.num_computed_tokens before this step
+    block_table: list[int]  # every KV block of the request, in order, covering the new tokens
+    sample: bool  # True when this chunk reaches the request's last token: sample the next one
+    sampling_params: SamplingParams
+    num_output_tokens: int  # output tokens so far (min_tokens masking of EOS/stop ids)
+    eos_token_id: int | None = None
+    want_prompt_logprobs: bool = False  # runner returns logprobs of the chunk's tokens 1..n
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_length(self) -> int:
+        """Tokens with KV after this step (attention span of the last new token)."""
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # runner frees per-request state
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None = None  # present when sampling_params.logprobs is not None
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    sampled: dict[str, SampledToken]  # only for chunks with sample=True
+    # logprobs of the chunk's input tokens at positions start+1..start+n-1 (and the
+    # next chunk's first token is scored by this chunk's last position), for echo scoring
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What a caller of ``Engine.step()`` sees for one request this step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # one per new token when requested
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; [0] is None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
