@@ -1,0 +1,24 @@
+"""The `chatfleet` command: thin typer commands; defaults come from the config dataclasses.
+
+Each command group lives in its own module with a ``register(app)`` function.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from chatfleet.cli import bench_cmd, demo_cmd, engine_cmd, gateway_cmd, model_cmd
+
+app = typer.Typer(
+    name="chatfleet",
+    help="Serve multi-turn chat LLMs at the most live conversations per GPU, and prove it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+for module in (model_cmd, engine_cmd, bench_cmd, gateway_cmd, demo_cmd):
+    module.register(app)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
