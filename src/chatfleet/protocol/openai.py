@@ -1,0 +1,333 @@
+"""OpenAI wire models (pydantic), with the vLLM extensions chatfleet accepts.
+
+These describe the wire format only, so the gateway and the bench can validate and build
+requests for any OpenAI-compatible server. What the built-in engine supports (n=1, no
+penalties, ...) is checked where a request becomes ``SamplingParams`` (engine/serving.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chatfleet.errors import InvalidRequestError
+
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+class _Wire(BaseModel):
+    """Request-side model: unknown fields are kept (so a proxy can re-serialize faithfully)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- requests
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(_Wire):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text; only text content parts are allowed (models here are text-only)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise InvalidRequestError(
+                    f"content part type {part.type!r} is not supported; only 'text' parts are",
+                    param="messages",
+                )
+            out.append(part.text)
+        return "".join(out)
+
+
+def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    stops = [v] if isinstance(v, str) else (v or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if any(s == "" for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    return v
+
+
+class _SamplingFields(_Wire):
+    """Sampling fields shared by chat and legacy completions (OpenAI + vLLM extensions)."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # extension
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)  # extension
+    ignore_eos: bool = False  # extension
+    include_stop_str_in_output: bool = False  # extension
+    cache_salt: str | None = None  # extension: extra prefix-cache key (tenant isolation)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return _check_stop(v)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v and any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be non-negative")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_opts(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    add_generation_prompt: bool = True  # extension
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+PromptType = str | list[int] | list[str] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: PromptType
+    max_tokens: int | None = Field(default=16, ge=0)
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: PromptType) -> PromptType:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be empty")
+            if isinstance(v[0], list) and any(not p for p in v):
+                raise ValueError("token-id prompts must not be empty")
+            if isinstance(v[0], int) and any(t < 0 for t in v):
+                raise ValueError("token ids must be non-negative")
+        return v
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: each a text or a list of token ids."""
+        v = self.prompt
+        if isinstance(v, str):
+            return [v]
+        if v and isinstance(v[0], int):
+            return [list(v)]  # type: ignore[arg-type]
+        return list(v)  # type: ignore[arg-type]
+
+
+class TokenizeRequest(_Wire):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        return self
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(_Out):
+    cached_tokens: int = 0
+
+
+class Usage(_Out):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobToken(_Out):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Out):
+    content: list[ChatLogprobToken] | None = None
+
+
+class ChatResponseMessage(_Out):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(_Out):
+    index: int = 0
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Out):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: Usage
+
+
+class DeltaMessage(_Out):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(_Out):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(_Out):
+    """Legacy completions logprobs: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Out):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Out):
+    id: str = Field(default_factory=lambda: random_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now_s)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+# A stream chunk of legacy completions has the same shape as the response.
+CompletionChunk = CompletionResponse
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now_s)
+    owned_by: str = "chatfleet"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Out):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class TokenizeResponse(_Out):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class ErrorInfo(_Out):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Out):
+    error: ErrorInfo

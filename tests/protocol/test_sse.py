@@ -1,0 +1,67 @@
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chatfleet.protocol.openai import ChatCompletionChunk, ChatCompletionChunkChoice, DeltaMessage
+from chatfleet.protocol.sse import DONE, SSEParser, aiter_sse, encode_event, iter_sse
+
+
+def test_encode_model_and_done():
+    chunk = ChatCompletionChunk(
+        id="c1", created=1, model="m", choices=[ChatCompletionChunkChoice(delta=DeltaMessage(content="hi"))]
+    )
+    raw = encode_event(chunk)
+    assert raw.startswith(b"data: {") and raw.endswith(b"}\n\n")
+    events = list(iter_sse([raw, DONE]))
+    assert [e.is_done for e in events] == [False, True]
+    assert events[0].json()["choices"][0]["delta"]["content"] == "hi"
+
+
+def test_multiline_event_comments_and_crlf():
+    raw = b": keep-alive\r\nevent: error\r\ndata: line1\r\ndata: line2\r\n\r\ndata:x\r\r"
+    events = list(iter_sse([raw]))
+    assert events[0].event == "error" and events[0].data == "line1\nline2"
+    assert events[1].data == "x" and events[1].event is None
+
+
+def test_final_event_without_blank_line_is_flushed():
+    assert [e.data for e in iter_sse([b"data: a\n\ndata: b"])] == ["a", "b"]
+
+
+def test_encode_roundtrip_newlines_and_unicode():
+    ev = list(iter_sse([encode_event("a\nb", event="x"), encode_event({"t": "héllo 日本"})]))
+    assert ev[0].data == "a\nb" and ev[0].event == "x"
+    assert ev[1].json() == {"t": "héllo 日本"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    payloads=st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=20), max_size=3), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10),
+)
+def test_any_chunking_gives_same_events(payloads, cuts):
+    raw = b"".join(encode_event(p) for p in payloads) + DONE
+    points = sorted({min(c, len(raw)) for c in cuts})
+    pieces = [raw[a:b] for a, b in zip([0] + points, points + [len(raw)])]
+    events = list(iter_sse(pieces))
+    assert [e.json() for e in events[:-1]] == payloads
+    assert events[-1].is_done
+
+
+def test_aiter_sse():
+    async def gen():
+        for b in (b"da", b"ta: 1\n", b"\ndata: [DONE]\n\n"):
+            yield b
+
+    async def collect():
+        return [e async for e in aiter_sse(gen())]
+
+    events = asyncio.run(collect())
+    assert events[0].data == "1" and events[1].is_done
+
+
+def test_parser_feed_returns_only_complete_events():
+    p = SSEParser()
+    assert p.feed(b"data: partial") == []
+    assert [e.data for e in p.feed(b"\n\n")] == ["partial"]
