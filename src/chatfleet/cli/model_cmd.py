@@ -1,9 +1,34 @@
-"""`chatfleet` commands of this group (filled in by its owner)."""
+"""`chatfleet model ...`: build the built-in tiny models."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import typer
+
+from chatfleet.errors import ChatfleetError
+from chatfleet.models.tiny import SIZES, build_tiny_model
+
+model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=True)
+
+
+@model_app.command("tiny")
+def tiny(
+    out: Path = typer.Option(..., "--out", help="Folder to write the Hugging Face model into."),
+    size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZES)}."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+) -> None:
+    """Build a Qwen3-architecture model with seeded random weights and a local BPE tokenizer."""
+    start = time.perf_counter()
+    try:
+        path = build_tiny_model(out, size=size, seed=seed)
+    except ChatfleetError as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"built {size} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to `app`."""
+    """Add the `model` command group to `app`."""
+    app.add_typer(model_app, name="model")

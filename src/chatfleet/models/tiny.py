@@ -1,0 +1,258 @@
+"""Build small Qwen3-architecture models with seeded random weights, for tests and demos.
+
+``build_tiny_model(out_dir, size, seed)`` writes a normal Hugging Face folder (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML template,
+generation_config.json) that ``transformers``, vLLM and chatfleet all load.
+``resolve_model("tiny" | "small" | path)`` builds the named sizes once into a cache folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from chatfleet.errors import ConfigError
+from chatfleet.models.corpus import corpus_texts
+
+CACHE_VERSION = "v1"
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+# Qwen2/Qwen3's pre-tokenizer pattern: letters runs, single digits, punctuation runs, spaces.
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# ChatML; content may be a string or a list of {"type": "text", "text": ...} parts.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- elif message['content'] is not none %}"
+    "{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of one built-in model size."""
+
+    vocab_size: int  # BPE target; the trained vocabulary may come out smaller
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1_000_000.0
+    embed_std: float = 0.02
+    proj_std: float = 0.08  # larger than HF's 0.02 so layers, not the residual, drive the output
+
+
+SIZES: dict[str, TinySpec] = {
+    # ~1.4 M parameters; head_dim (48) != hidden/heads (32); GQA 2:1; tied embeddings.
+    "tiny": TinySpec(
+        vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4,
+        num_heads=4, num_kv_heads=2, head_dim=48, tie_word_embeddings=True,
+    ),
+    # ~30 M parameters; GQA 4:1; untied embeddings.
+    "small": TinySpec(
+        vocab_size=8192, hidden_size=512, intermediate_size=1536, num_layers=8,
+        num_heads=8, num_kv_heads=2, head_dim=64, tie_word_embeddings=False,
+        proj_std=0.04,
+    ),
+}
+
+
+def get_spec(size: str) -> TinySpec:
+    try:
+        return SIZES[size]
+    except KeyError:
+        raise ConfigError(f"unknown tiny model size {size!r}; valid sizes: {', '.join(SIZES)}") from None
+
+
+def train_tokenizer(vocab_size: int) -> Tokenizer:
+    """Byte-level BPE (Qwen-style pre-tokenizer) trained on the shipped multilingual corpus."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_texts(), trainer=trainer)
+    return tok
+
+
+def _random_weights(spec: TinySpec, vocab: int, seed: int) -> dict[str, torch.Tensor]:
+    """HF Qwen3 parameter names -> seeded random float32 tensors, generated in a fixed order."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(shape: tuple[int, ...], std: float) -> torch.Tensor:
+        return torch.randn(shape, generator=gen) * std
+
+    h, q, kv = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal((vocab, h), spec.embed_std)}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = torch.ones(h)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        w[p + "self_attn.q_proj.weight"] = normal((q, h), spec.proj_std)
+        w[p + "self_attn.k_proj.weight"] = normal((kv, h), spec.proj_std)
+        w[p + "self_attn.v_proj.weight"] = normal((kv, h), spec.proj_std)
+        w[p + "self_attn.o_proj.weight"] = normal((h, q), spec.proj_std)
+        w[p + "self_attn.q_norm.weight"] = torch.ones(spec.head_dim)
+        w[p + "self_attn.k_norm.weight"] = torch.ones(spec.head_dim)
+        w[p + "mlp.gate_proj.weight"] = normal((spec.intermediate_size, h), spec.proj_std)
+        w[p + "mlp.up_proj.weight"] = normal((spec.intermediate_size, h), spec.proj_std)
+        w[p + "mlp.down_proj.weight"] = normal((h, spec.intermediate_size), spec.proj_std)
+    w["model.norm.weight"] = torch.ones(h)
+    if not spec.tie_word_embeddings:
+        w["lm_head.weight"] = normal((vocab, h), spec.embed_std)
+    return w
+
+
+def _config(spec: TinySpec, vocab: int, token_ids: dict[str, int]) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "initializer_range": spec.embed_std,
+        "bos_token_id": token_ids[ENDOFTEXT],
+        "eos_token_id": token_ids[IM_END],
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+
+
+def _tokenizer_config(token_ids: dict[str, int], max_len: int) -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+        "split_special_tokens": False,
+        "added_tokens_decoder": {
+            str(token_ids[t]): {
+                "content": t, "lstrip": False, "rstrip": False, "normalized": False,
+                "single_word": False, "special": True,
+            }
+            for t in SPECIAL_TOKENS
+        },
+    }
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0) -> Path:
+    """Write a Qwen3 model of ``size`` with weights seeded by ``seed`` into ``out_dir``."""
+    spec = get_spec(size)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(spec.vocab_size)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    token_ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    tok.save(str(out / "tokenizer.json"))
+    save_file(_random_weights(spec, vocab, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", _config(spec, vocab, token_ids))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(token_ids, spec.max_position_embeddings))
+    _write_json(
+        out / "special_tokens_map.json",
+        {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": [IM_START, IM_END]},
+    )
+    _write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": token_ids[ENDOFTEXT],
+            "eos_token_id": [token_ids[IM_END], token_ids[ENDOFTEXT]],
+            "pad_token_id": token_ids[ENDOFTEXT],
+        },
+    )
+    return out
+
+
+def cache_root() -> Path:
+    """``$CHATFLEET_CACHE`` or ``~/.cache/chatfleet``."""
+    env = os.environ.get("CHATFLEET_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "chatfleet"
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
+    """``"tiny"``/``"small"``: build once into the cache (safe across processes); else a local folder."""
+    name = str(name_or_path)
+    if name in SIZES:
+        target = cache_root() / "models" / f"{name}-{CACHE_VERSION}"
+        if (target / "config.json").is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            build_tiny_model(tmp, size=name, seed=0)
+            try:
+                os.rename(tmp, target)  # atomic; loses harmlessly to a concurrent builder
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"model {name!r} is not a local folder; use a Hugging Face model folder or one of: "
+            f"{', '.join(SIZES)}"
+        )
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model folder {str(path)!r} has no config.json")
+    return path
+
