@@ -1,0 +1,200 @@
+"""The paged KV block pool: blocks, reference counts, the free list and the prefix-hash index.
+
+A block is in exactly one of three states:
+
+- free: ``ref_cnt == 0`` and no hash; reused first;
+- cached: ``ref_cnt == 0`` with a hash; still findable by the prefix cache, evicted lazily (only
+  when a free block is needed and none is left) in the order the eviction policy chooses;
+- in use: ``ref_cnt > 0`` (possibly hashed and shared by several requests).
+
+The hash index lives here because eviction must drop index entries; hashing and matching are the
+prefix cache's job (``prefix_cache.py``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from chatfleet.engine.kv.eviction import make_eviction_policy
+from chatfleet.errors import ChatfleetError
+
+
+class KVIntegrityError(ChatfleetError, AssertionError):
+    """A KV memory structure is inconsistent (a bug, never a client error)."""
+
+
+@dataclass(frozen=True)
+class BlockHash:
+    """Identity of a full block: its own tokens, its parent's hash and extra keys (e.g. a salt).
+
+    ``value`` is the chained hash used as the index key; the other fields let a hit be re-checked
+    exactly, so a hash collision can never serve another prefix's KV.
+    """
+
+    value: int
+    parent_value: int | None
+    token_ids: tuple[int, ...]
+    extra_keys: tuple = ()
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+    def __repr__(self) -> str:  # short, for assertion messages
+        h = None if self.block_hash is None else self.block_hash.value
+        return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, hash={h})"
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks with reference counts, a free list and cached-block eviction."""
+
+    def __init__(self, num_blocks: int, eviction_policy: str = "lru") -> None:
+        if num_blocks < 1:
+            raise ChatfleetError(f"a block pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._free: deque[KVBlock] = deque(self.blocks)
+        self._evictable = make_eviction_policy(eviction_policy)
+        self._index: dict[int, KVBlock] = {}
+        self._num_used = 0
+        self.num_evictions = 0
+
+    # ---- counts -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (free plus cached-but-unreferenced)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._num_used
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a prefix hash (in use or not)."""
+        return len(self._index)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by at least one request (0..1)."""
+        return self._num_used / self.num_blocks
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[KVBlock]:
+        """Take ``n`` blocks (ref 1 each): free ones first, then evict cached ones."""
+        if n > self.num_free_blocks:
+            raise KVIntegrityError(f"asked for {n} blocks, only {self.num_free_blocks} available")
+        out = []
+        for _ in range(n):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block = self._evictable.pop()
+                self._drop_hash(block)
+                self.num_evictions += 1
+            block.ref_cnt = 1
+            out.append(block)
+        self._num_used += n
+        return out
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Add a reference to each block (prefix-cache hits); revives unreferenced cached blocks."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self._evictable.remove(block)
+                self._num_used += 1
+            block.ref_cnt += 1
+
+    def free(self, blocks: list[KVBlock]) -> None:
+        """Drop one reference from each block, in the given order.
+
+        Callers pass a request's blocks tail first, so a prompt's tail is evicted before its head.
+        """
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise KVIntegrityError(f"freeing {block!r}, which is not in use")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._num_used -= 1
+                if block.block_hash is None:
+                    self._free.append(block)
+                else:
+                    self._evictable.add(block)
+
+    # ---- hash index ---------------------------------------------------------------------------
+    def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:
+        """Register a full, computed, in-use block under its hash.
+
+        Returns False when another block already holds that hash (the block stays uncached).
+        """
+        if block.ref_cnt <= 0:
+            raise KVIntegrityError(f"caching {block!r}, which is not in use")
+        if block.block_hash is not None:
+            return block.block_hash == block_hash
+        if block_hash.value in self._index:
+            return False
+        block.block_hash = block_hash
+        self._index[block_hash.value] = block
+        return True
+
+    def lookup(self, block_hash: BlockHash) -> KVBlock | None:
+        """The block holding exactly ``block_hash`` (value and contents re-checked), if any."""
+        block = self._index.get(block_hash.value)
+        if block is None or block.block_hash != block_hash:
+            return None
+        return block
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every unreferenced cached block; True when no hashed block remains."""
+        while len(self._evictable):
+            block = self._evictable.pop()
+            self._drop_hash(block)
+            self._free.append(block)
+        return not self._index
+
+    def _drop_hash(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            del self._index[block.block_hash.value]
+            block.block_hash = None
+
+    # ---- checks -------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """free + cached + in use == total; states, counts and the hash index agree."""
+
+        def fail(msg: str) -> None:
+            raise KVIntegrityError(f"block pool: {msg}")
+
+        free_ids = [b.block_id for b in self._free]
+        evictable_ids = [b.block_id for b in self._evictable]
+        if len(set(free_ids)) != len(free_ids):
+            fail("a block is twice in the free list")
+        if len(set(evictable_ids)) != len(evictable_ids):
+            fail("a block is twice in the eviction queue")
+        if set(free_ids) & set(evictable_ids):
+            fail("a block is both free and evictable")
+        for b in self._free:
+            if b.ref_cnt != 0 or b.block_hash is not None:
+                fail(f"{b!r} in the free list must be unreferenced and unhashed")
+        for b in self._evictable:
+            if b.ref_cnt != 0 or b.block_hash is None:
+                fail(f"{b!r} in the eviction queue must be unreferenced and hashed")
+        used = [b for b in self.blocks if b.ref_cnt > 0]
+        if any(b.ref_cnt < 0 for b in self.blocks):
+            fail("negative reference count")
+        if len(used) != self._num_used:
+            fail(f"{len(used)} blocks referenced but the counter says {self._num_used}")
+        if len(free_ids) + len(evictable_ids) + len(used) != self.num_blocks:
+            fail(
+                f"free {len(free_ids)} + cached {len(evictable_ids)} + in use {len(used)}"
+                f" != total {self.num_blocks}"
+            )
+        hashed = [b for b in self.blocks if b.block_hash is not None]
+        if len(hashed) != len(self._index):
+            fail(f"{len(hashed)} hashed blocks but {len(self._index)} index entries")
+        for value, b in self._index.items():
+            if b.block_hash is None or b.block_hash.value != value:
+                fail(f"index entry {value} points at {b!r}")
