@@ -1,0 +1,303 @@
+"""One proxied request: route, admit, call the replica, pass the response through.
+
+``ProxyResponse`` is an ASGI response that does all of it while listening for the client: a
+client that leaves, while queued or while streaming, cancels the work, which closes the upstream
+response (so the engine aborts the request and frees its KV blocks) and releases the slot.
+Failures before the first byte reaches the client (connect errors, timeouts, 5xx, a stream that
+breaks before its first event) are retried on another replica; a stream that breaks later ends
+with an SSE error event and a clean close. Every request ends with a reply or an explicit error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError)
+from chatfleet.gateway.admission import Outcome, Priority
+from chatfleet.gateway.routing import Affinity, RoutingDecision
+from chatfleet.gateway.session import SessionKey
+from chatfleet.protocol.errors import error_event, error_response
+from chatfleet.protocol.sse import DONE
+
+if TYPE_CHECKING:
+    from chatfleet.gateway.app import Gateway
+
+log = logging.getLogger("chatfleet.gateway")
+
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
+NOT_A_FAILURE = frozenset({503})  # an overloaded replica is alive: retry elsewhere, keep it routable
+PASS_HEADERS = ("content-type", "content-encoding")
+
+
+@dataclass(frozen=True)
+class ProxyCall:
+    """A validated client request, ready to be sent to some replica."""
+
+    path: str
+    body: bytes
+    stream: bool
+    session: SessionKey
+    request_id: str
+    headers: dict[str, str]  # headers for the upstream request
+    arrival: float
+
+
+@dataclass
+class _Failure:
+    error: str
+    replica_fault: bool  # counts against the replica's health
+    response: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None  # an HTTP reply to pass on
+
+
+@dataclass
+class _Started:
+    response: httpx.Response
+    chunks: Any  # the rest of the raw body
+    first: bytes
+    whole: bool  # ``first`` is the whole body
+
+
+class SseFramer:
+    """Forwards bytes up to the last complete SSE event; keeps a partial event back."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+
+    def push(self, chunk: bytes) -> bytes:
+        if not self.tail and chunk.endswith(b"\n\n"):
+            return chunk
+        data = self.tail + chunk
+        cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+        self.tail = data[cut:]
+        return data[:cut]
+
+
+class ProxyResponse:
+    def __init__(self, gateway: Gateway, call: ProxyCall) -> None:
+        self.gw = gateway
+        self.call = call
+        self.status = 0
+        self.replica: str | None = None
+        self.decision: RoutingDecision | None = None
+        self.attempts = 0
+        self.queue_wait = 0.0
+        self.ttft: float | None = None
+        self.outcome = "started"
+
+    # -- ASGI --------------------------------------------------------------------------------
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self._scope, self._receive = scope, receive
+        work = asyncio.ensure_future(self._run(send))
+        listen = asyncio.ensure_future(self._listen(receive))
+        try:
+            done, _ = await asyncio.wait((work, listen), return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                self.outcome = "client_left"
+                work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+        finally:
+            listen.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+            self._log()
+
+    @staticmethod
+    async def _listen(receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    # -- the request's life ------------------------------------------------------------------
+    async def _run(self, send: Any) -> None:
+        gw, call = self.gw, self.call
+        priority = Priority.RETURNING if call.session.returning else Priority.FIRST
+        deadline = call.arrival + gw.config.max_queue_wait_s
+        tried: set[str] = set()
+        last: _Failure | None = None
+        while True:
+            candidates = [url for url in gw.replicas.healthy() if url not in tried]
+            if not candidates or self.attempts > gw.config.max_retries:
+                return await self._give_up(send, last, tried)
+            decision = gw.router.route(call.session.key, candidates, gw.admission.loads())
+            admission = await gw.admission.admit(decision.replica, priority, deadline)
+            self.queue_wait += admission.waited_s
+            if admission.outcome is Outcome.REROUTE:
+                continue
+            replica = gw.replicas[decision.replica]
+            if admission.outcome is Outcome.SHED:
+                replica.stats.shed += 1
+                self.replica, self.outcome = decision.replica, f"shed:{admission.reason}"
+                gw.metrics.observe_queue_wait(decision.replica, admission.waited_s)
+                return await self._send_error(send, RateLimitError(
+                    self._shed_message(decision.replica, admission.reason),
+                    retry_after_s=admission.retry_after_s))
+            gw.metrics.observe_queue_wait(decision.replica, admission.waited_s)
+            self.attempts += 1
+            try:
+                result = await self._attempt(decision.replica)
+                if isinstance(result, _Failure):
+                    last = result
+                    tried.add(decision.replica)
+                    if result.replica_fault:
+                        gw.replicas.record_failure(decision.replica, result.error)
+                    replica.stats.retried += 1
+                    continue
+                gw.replicas.record_success(decision.replica)
+                self._count_affinity(decision)
+                await self._respond(send, decision.replica, result)
+            finally:
+                gw.admission.release(decision.replica)
+            return
+
+    async def _attempt(self, url: str) -> _Failure | _Started:
+        """Send to ``url``: a failure, or a response ready to pass on."""
+        client = self.gw.clients[url]
+        request = client.build_request("POST", url + self.call.path, content=self.call.body,
+                                       headers=self.call.headers)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.PoolTimeout as exc:
+            return _Failure(f"connection pool to {url} exhausted: {exc}", replica_fault=False)
+        except httpx.HTTPError as exc:
+            return _Failure(f"{type(exc).__name__}: {exc}".rstrip(": "), replica_fault=True)
+        chunks = response.aiter_raw()
+        whole = not (self.call.stream and response.status_code == 200)
+        try:  # a stream is committed at its first chunk; anything else once read whole
+            first = b"".join([c async for c in chunks]) if whole else await anext(chunks, b"")
+        except httpx.HTTPError as exc:
+            await response.aclose()
+            return _Failure(f"{url} broke before its first byte: {type(exc).__name__}: {exc}", True)
+        if response.status_code in RETRY_STATUSES:
+            await response.aclose()
+            return _Failure(f"{url} answered {response.status_code}",
+                            replica_fault=response.status_code not in NOT_A_FAILURE,
+                            response=(response.status_code, self._headers_of(response), first))
+        if not whole and not first:
+            await response.aclose()
+            return _Failure(f"{url} closed the stream before its first event", replica_fault=True)
+        return _Started(response, chunks, first, whole)
+
+    async def _respond(self, send: Any, url: str, started: _Started) -> None:
+        response, gw = started.response, self.gw
+        self.replica, self.status = url, response.status_code
+        stats = gw.replicas[url].stats
+        stats.requests += 1
+        headers = self._headers_of(response) + self._own_headers(url)
+        try:
+            if started.whole:
+                headers.append((b"content-length", str(len(started.first)).encode()))
+                await send({"type": "http.response.start", "status": self.status, "headers": headers})
+                await send({"type": "http.response.body", "body": started.first, "more_body": False})
+                self._first_byte(url)
+                self.outcome = "ok" if self.outcome == "started" else self.outcome
+                return
+            await send({"type": "http.response.start", "status": self.status, "headers": headers})
+            framer = SseFramer()
+            error = ""
+            try:
+                out = framer.push(started.first)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    self._first_byte(url)
+                async for chunk in started.chunks:
+                    out = framer.push(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        if self.ttft is None:
+                            self._first_byte(url)
+                if framer.tail:
+                    error = "the replica's stream ended inside an event"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if error:
+                self.outcome = "stream_broken"
+                stats.stream_breaks += 1
+                gw.replicas.record_failure(url, error)
+                exc = UpstreamError(f"replica {url} failed mid-stream: {error}")
+                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                            "more_body": True})
+            elif self.outcome == "started":
+                self.outcome = "ok"
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+            gw.metrics.observe_latency(url, time.monotonic() - self.call.arrival)
+
+    def _first_byte(self, url: str) -> None:
+        self.ttft = time.monotonic() - self.call.arrival
+        self.gw.metrics.observe_ttft(url, self.ttft)
+
+    async def _give_up(self, send: Any, last: _Failure | None, tried: set[str]) -> None:
+        if last is not None and last.response is not None:
+            status, headers, body = last.response
+            self.status, self.outcome = status, "upstream_error"
+            await send({"type": "http.response.start", "status": status,
+                        "headers": headers + self._own_headers(None)})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        if last is not None:
+            self.outcome = "upstream_error"
+            exc: ChatfleetError = UpstreamError(
+                f"no replica could serve the request ({len(tried)} tried); last error: {last.error}")
+        else:
+            self.outcome = "no_healthy_replica"
+            exc = NoHealthyReplicaError("no healthy replica is available; retry later")
+        await self._send_error(send, exc)
+
+    async def _send_error(self, send: Any, exc: ChatfleetError) -> None:
+        response = error_response(exc)
+        response.headers[self.gw.config.request_id_header] = self.call.request_id
+        self.status = response.status_code
+        await response(self._scope, self._receive, send)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _count_affinity(self, decision: RoutingDecision) -> None:
+        self.decision = decision
+        if decision.affinity is Affinity.KEPT:
+            self.gw.replicas[decision.replica].stats.affinity_kept += 1
+        elif decision.affinity is Affinity.BROKEN and decision.home is not None:
+            self.gw.replicas[decision.home].stats.affinity_broken += 1
+
+    def _shed_message(self, url: str, reason: str) -> str:
+        cap = self.gw.admission.cap(url)
+        if reason == "queue_full":
+            why = f"the queue is full ({self.gw.config.queue_size} waiting)"
+        elif reason == "displaced":
+            why = "a returning conversation took its place in the queue"
+        else:
+            why = f"no slot freed within {self.gw.config.max_queue_wait_s:g} s"
+        return f"over capacity: replica {url} holds its cap of {cap:g} requests and {why}; retry later"
+
+    @staticmethod
+    def _headers_of(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+        raw = response.headers.raw
+        return [(k, v) for k, v in raw if k.lower().decode() in PASS_HEADERS]
+
+    def _own_headers(self, url: str | None) -> list[tuple[bytes, bytes]]:
+        cfg = self.gw.config
+        out = [(cfg.request_id_header.lower().encode(), self.call.request_id.encode())]
+        if url is not None:
+            out.append((cfg.replica_header.lower().encode(), url.encode()))
+        return out
+
+    def _log(self) -> None:
+        if not self.gw.config.log_requests:
+            return
+        now = time.monotonic()
+        decision = self.decision
+        log.info("request", extra={
+            "request_id": self.call.request_id, "path": self.call.path, "stream": self.call.stream,
+            "status": self.status, "outcome": self.outcome, "replica": self.replica,
+            "attempts": self.attempts, "session_source": self.call.session.source.value,
+            "returning": self.call.session.returning,
+            "affinity": decision.affinity.value if decision else None,
+            "queue_wait_ms": round(self.queue_wait * 1e3, 3),
+            "ttft_ms": None if self.ttft is None else round(self.ttft * 1e3, 3),
+            "duration_ms": round((now - self.call.arrival) * 1e3, 3),
+        })

@@ -1,0 +1,162 @@
+"""The replica set: health from active checks and passive error counting, down and rejoin.
+
+A replica is down after ``failure_threshold`` consecutive failures, counting failed health
+checks and failed proxied calls alike; one passing health check brings it back (rejoin). Going
+down hands its queued requests back to routing (``on_down``); the hash ring never changes, so a
+dead replica's sessions move to the next replica clockwise and come home when it rejoins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import httpx
+
+log = logging.getLogger("chatfleet.gateway")
+
+
+@dataclass
+class ReplicaStats:
+    """Counters of one replica, exported by gateway.metrics."""
+
+    requests: int = 0  # responses started (any status)
+    retried: int = 0  # requests that failed here before their first byte and went elsewhere
+    shed: int = 0  # 429s for requests routed here
+    affinity_kept: int = 0
+    affinity_broken: int = 0  # sessions whose home is this replica, served elsewhere
+    stream_breaks: int = 0  # streams that broke after the first byte
+    upstream_errors: int = 0  # failed calls (connect, timeout, 5xx, broken stream)
+    marked_down: int = 0
+    rejoined: int = 0
+
+
+@dataclass
+class Replica:
+    url: str
+    healthy: bool = True
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    last_change: float = field(default_factory=time.monotonic)
+    models: tuple[dict, ...] = ()
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+
+
+class ReplicaSet:
+    def __init__(self, urls: Iterable[str], *, failure_threshold: int, health_interval_s: float,
+                 health_timeout_s: float, headers: dict[str, str] | None = None,
+                 on_down: Callable[[str], None] | None = None) -> None:
+        self.replicas = {url: Replica(url) for url in urls}
+        self.failure_threshold = failure_threshold
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.on_down = on_down
+        self._headers = headers or {}
+        self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.replicas)
+
+    def healthy(self) -> list[str]:
+        return [url for url, r in self.replicas.items() if r.healthy]
+
+    def __getitem__(self, url: str) -> Replica:
+        return self.replicas[url]
+
+    # -- passive -----------------------------------------------------------------------------
+    def record_success(self, url: str) -> None:
+        self.replicas[url].consecutive_failures = 0
+
+    def record_failure(self, url: str, error: str) -> None:
+        replica = self.replicas[url]
+        replica.stats.upstream_errors += 1
+        replica.consecutive_failures += 1
+        replica.last_error = error
+        if replica.healthy and replica.consecutive_failures >= self.failure_threshold:
+            self._set_health(replica, False)
+
+    def _set_health(self, replica: Replica, healthy: bool) -> None:
+        replica.healthy = healthy
+        replica.last_change = time.monotonic()
+        if healthy:
+            replica.consecutive_failures = 0
+            replica.stats.rejoined += 1
+            log.info("replica rejoined", extra={"replica": replica.url})
+        else:
+            replica.stats.marked_down += 1
+            log.warning("replica down", extra={"replica": replica.url, "error": replica.last_error})
+            if self.on_down is not None:
+                self.on_down(replica.url)
+
+    # -- active ------------------------------------------------------------------------------
+    async def check(self, url: str) -> bool:
+        """One health check of ``url``; updates its state. Fetches its models on (re)joining."""
+        replica = self.replicas[url]
+        assert self._client is not None, "start() the replica set first"
+        try:
+            resp = await self._client.get(url + "/health")
+            ok = resp.status_code == 200
+            error = None if ok else f"health check answered {resp.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"health check failed: {type(exc).__name__}: {exc}"
+        if ok:
+            if not replica.healthy or not replica.models:
+                await self._fetch_models(replica)
+            replica.consecutive_failures = 0
+            if not replica.healthy:
+                self._set_health(replica, True)
+        else:
+            self.record_failure(url, error or "unhealthy")
+        return ok
+
+    async def _fetch_models(self, replica: Replica) -> None:
+        try:
+            resp = await self._client.get(replica.url + "/v1/models")
+            data = resp.json().get("data") if resp.status_code == 200 else None
+            if isinstance(data, list):
+                replica.models = tuple(m for m in data if isinstance(m, dict) and "id" in m)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass  # models are a convenience; health decides routing
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(url) for url in self.replicas))
+
+    async def start(self) -> None:
+        """Open the health-check client, run one round, then keep checking in the background."""
+        self._client = httpx.AsyncClient(
+            timeout=self.health_timeout_s, headers=self._headers,
+            limits=httpx.Limits(max_connections=4 * len(self.replicas) + 4),
+        )
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop(), name="chatfleet-health-checks")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # never let the checker die
+                log.exception("health check round failed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def models(self) -> list[dict]:
+        """Models served by healthy replicas, each id once."""
+        seen: dict[str, dict] = {}
+        for replica in self.replicas.values():
+            if replica.healthy:
+                for model in replica.models:
+                    seen.setdefault(model["id"], model)
+        return list(seen.values())

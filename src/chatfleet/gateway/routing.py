@@ -1,0 +1,149 @@
+"""Routing policies: which replica a request goes to.
+
+The default, ``bounded_load``, is consistent hashing with bounded loads (Mirrokni, Thorup and
+Zadimoghaddam, 2018): every replica owns many points on a hash ring; a session goes to the first
+replica clockwise from its key that is healthy and whose load is under
+``ceil(c * (total load + 1) / healthy replicas)``. Hashes come from hashlib, so every gateway
+process with the same replica list builds the same ring and places a session the same way without
+shared state. A session's *home* is the first replica clockwise among all replicas; serving it
+anywhere else breaks its affinity (its KV cache is on the home replica).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from chatfleet.errors import ConfigError
+
+
+class Affinity(str, enum.Enum):
+    KEPT = "kept"  # served by its home replica
+    BROKEN = "broken"  # home replica down or over its bound
+    NONE = "none"  # the request has no session key
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    replica: str
+    home: str | None
+    affinity: Affinity
+    reason: str  # "home", "over_bound", "home_down", "no_key", "least_loaded"
+
+
+def ring_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Replicas placed on a 64-bit ring at ``virtual_nodes`` points each."""
+
+    def __init__(self, nodes: Sequence[str], virtual_nodes: int = 160) -> None:
+        if not nodes:
+            raise ConfigError("the hash ring needs at least one replica")
+        points = sorted((ring_hash(f"{node}#{i}"), node) for node in nodes for i in range(virtual_nodes))
+        self._hashes = [h for h, _ in points]
+        self._nodes = [n for _, n in points]
+        self.nodes = tuple(sorted(set(nodes)))
+
+    def preference(self, key: str) -> Iterator[str]:
+        """Distinct replicas in clockwise order from the key's point."""
+        start = bisect.bisect(self._hashes, ring_hash(key))
+        seen: set[str] = set()
+        total = len(self._nodes)
+        for i in range(total):
+            node = self._nodes[(start + i) % total]
+            if node not in seen:
+                seen.add(node)
+                yield node
+                if len(seen) == len(self.nodes):
+                    return
+
+    def home(self, key: str) -> str:
+        return next(self.preference(key))
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
+        """Pick one of ``candidates`` (healthy, not yet tried; never empty)."""
+
+
+class _RingPolicy:
+    name = "consistent_hash"
+
+    def __init__(self, replicas: Sequence[str], virtual_nodes: int, load_factor: float) -> None:
+        self.ring = HashRing(replicas, virtual_nodes)
+        self.load_factor = load_factor
+        self._rr = itertools.count()
+
+    def bound(self, candidates: Sequence[str], loads: Mapping[str, int]) -> float:
+        return math.inf
+
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
+        if key is None:
+            return _least_loaded(candidates, loads, self._rr, reason="no_key")
+        allowed = set(candidates)
+        bound = self.bound(candidates, loads)
+        home: str | None = None
+        for replica in self.ring.preference(key):
+            home = home or replica
+            if replica in allowed and loads.get(replica, 0) < bound:
+                if replica == home:
+                    return RoutingDecision(replica, home, Affinity.KEPT, "home")
+                reason = "home_down" if home not in allowed else "over_bound"
+                return RoutingDecision(replica, home, Affinity.BROKEN, reason)
+        # Unreachable while some candidate is on the ring and under the bound; be safe anyway.
+        return _least_loaded(candidates, loads, self._rr, reason="over_bound", home=home)
+
+
+class BoundedLoadPolicy(_RingPolicy):
+    name = "bounded_load"
+
+    def bound(self, candidates: Sequence[str], loads: Mapping[str, int]) -> float:
+        total = sum(loads.get(c, 0) for c in candidates)
+        return math.ceil(self.load_factor * (total + 1) / len(candidates))
+
+
+class LeastLoadedPolicy:
+    """No affinity: the least loaded candidate, ties broken round-robin."""
+
+    name = "least_loaded"
+
+    def __init__(self, replicas: Sequence[str], virtual_nodes: int, load_factor: float) -> None:
+        self._rr = itertools.count()
+
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
+        return _least_loaded(candidates, loads, self._rr, reason="least_loaded")
+
+
+def _least_loaded(candidates: Sequence[str], loads: Mapping[str, int], rr: Iterator[int], *,
+                  reason: str, home: str | None = None) -> RoutingDecision:
+    low = min(loads.get(c, 0) for c in candidates)
+    ties = [c for c in candidates if loads.get(c, 0) == low]
+    replica = ties[next(rr) % len(ties)]
+    affinity = Affinity.NONE if home is None else Affinity.BROKEN
+    return RoutingDecision(replica, home, affinity, reason)
+
+
+ROUTING_POLICIES: dict[str, type] = {
+    BoundedLoadPolicy.name: BoundedLoadPolicy,
+    _RingPolicy.name: _RingPolicy,
+    LeastLoadedPolicy.name: LeastLoadedPolicy,
+}
+
+
+def make_routing_policy(name: str, replicas: Sequence[str], *, virtual_nodes: int = 160,
+                        load_factor: float = 1.25) -> RoutingPolicy:
+    try:
+        cls = ROUTING_POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown routing policy {name!r}; valid: {sorted(ROUTING_POLICIES)}") from None
+    return cls(replicas, virtual_nodes, load_factor)
