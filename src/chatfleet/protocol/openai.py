@@ -11,7 +11,14 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from chatfleet.errors import InvalidRequestError
 
@@ -81,7 +88,7 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
-class _SamplingFields(_Wire):
+class SamplingFields(_Wire):
     """Sampling fields shared by chat and legacy completions (OpenAI + vLLM extensions)."""
 
     model: str | None = None
@@ -115,7 +122,7 @@ class _SamplingFields(_Wire):
         return v
 
     @model_validator(mode="after")
-    def _stream_opts(self) -> _SamplingFields:
+    def _stream_opts(self) -> SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -129,7 +136,7 @@ class _SamplingFields(_Wire):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -151,7 +158,7 @@ class ChatCompletionRequest(_SamplingFields):
 PromptType = str | list[int] | list[str] | list[list[int]]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: PromptType
     max_tokens: int | None = Field(default=16, ge=0)
     echo: bool = False
@@ -253,6 +260,10 @@ class ChatCompletionResponse(_Out):
 class DeltaMessage(_Out):
     role: str | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):  # a delta carries only the fields that changed
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatCompletionChunkChoice(_Out):

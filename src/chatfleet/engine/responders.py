@@ -1,0 +1,208 @@
+"""Build chat and legacy-completion responses (whole or as SSE) from a request's output stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet.engine.outputs import RequestOutput
+from chatfleet.engine.serving import (
+    CompletionLogprobsBuilder,
+    CompletionPrompt,
+    TokenText,
+    chat_logprobs,
+    merge_completion_logprobs,
+    usage_of,
+)
+from chatfleet.protocol.errors import error_event
+from chatfleet.protocol.openai import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    now_s,
+)
+from chatfleet.protocol.sse import DONE, encode_event
+
+
+@dataclass(frozen=True)
+class ResponseContext:
+    request_id: str
+    model: str
+    tokenizer: Any
+    created: int
+
+
+def _stop_reason(out: RequestOutput) -> int | str | None:
+    return out.stop_reason if out.finished else None
+
+
+# ------------------------------------------------------------------ chat
+
+
+async def chat_response(
+    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput]
+) -> ChatCompletionResponse:
+    text, lps, last = [], [], None
+    async with aclosing(outputs):
+        async for out in outputs:
+            text.append(out.new_text)
+            lps += out.logprobs or []
+            last = out
+    logprobs = chat_logprobs(TokenText(ctx.tokenizer), lps, req.top_logprobs or 0) if req.logprobs else None
+    choice = ChatCompletionChoice(
+        message=ChatResponseMessage(content="".join(text)),
+        logprobs=logprobs,
+        finish_reason=last.finish_reason if last else None,
+        stop_reason=last.stop_reason if last else None,
+    )
+    return ChatCompletionResponse(
+        id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[choice], usage=usage_of(last)
+    )
+
+
+async def chat_stream(
+    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput]
+) -> AsyncIterator[bytes]:
+    """SSE events: a role chunk, content chunks, the finish chunk, then usage if asked, [DONE]."""
+    text = TokenText(ctx.tokenizer)
+    continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
+
+    def chunk(choices: list[ChatCompletionChunkChoice], usage=None) -> bytes:
+        return encode_event(ChatCompletionChunk(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        ))
+
+    async with aclosing(outputs):
+        try:
+            yield chunk([ChatCompletionChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
+            last = None
+            async for out in outputs:
+                last = out
+                lp = chat_logprobs(text, out.logprobs or [], req.top_logprobs or 0) if req.logprobs else None
+                if not (out.new_text or out.finished or (lp and lp.content)):
+                    continue  # e.g. a token that ends inside a multi-byte character
+                choice = ChatCompletionChunkChoice(
+                    delta=DeltaMessage(content=out.new_text or ("" if not out.finished else None)),
+                    logprobs=lp,
+                    finish_reason=out.finish_reason if out.finished else None,
+                    stop_reason=_stop_reason(out),
+                )
+                yield chunk([choice], usage_of(out) if continuous else None)
+            if req.include_usage:
+                yield chunk([], usage_of(last))
+        except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
+            yield error_event(exc)
+        yield DONE
+
+
+# ------------------------------------------------------------------ legacy completions
+
+
+@dataclass(frozen=True)
+class _Piece:
+    text: str
+    logprobs: CompletionLogprobs | None
+
+
+class _CompletionPieces:
+    """Text and logprobs of one completion output, with echo and max_tokens=0 applied."""
+
+    def __init__(self, ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt) -> None:
+        self.req = req
+        self.prompt = prompt
+        self.drop_generated = req.max_tokens == 0
+        self.lp = (CompletionLogprobsBuilder(TokenText(ctx.tokenizer), req.logprobs)
+                   if req.logprobs is not None else None)
+        self.first = True
+
+    def piece(self, out: RequestOutput) -> _Piece:
+        parts, lps = [], []
+        if self.first and self.req.echo:
+            parts.append(self.prompt.text)
+            if self.lp is not None:
+                plp = out.prompt_logprobs or [None] * len(self.prompt.token_ids)
+                lps.append(self.lp.build(self.prompt.token_ids, list(plp)))
+        self.first = False
+        if not self.drop_generated:
+            parts.append(out.new_text)
+            if self.lp is not None:
+                lps.append(self.lp.build(out.new_token_ids, list(out.logprobs or [None] * len(out.new_token_ids))))
+        return _Piece("".join(parts), merge_completion_logprobs(lps) if self.lp is not None else None)
+
+    def finish_reason(self, out: RequestOutput) -> str | None:
+        if not out.finished:
+            return None
+        return "length" if self.drop_generated else out.finish_reason
+
+    def usage(self, out: RequestOutput | None):
+        return usage_of(out, num_output_tokens=0 if self.drop_generated else None)
+
+
+async def completion_response(
+    ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt,
+    outputs: AsyncIterator[RequestOutput],
+) -> CompletionResponse:
+    pieces = _CompletionPieces(ctx, req, prompt)
+    text, lps, last = [], [], None
+    async with aclosing(outputs):
+        async for out in outputs:
+            piece = pieces.piece(out)
+            text.append(piece.text)
+            if piece.logprobs is not None:
+                lps.append(piece.logprobs)
+            last = out
+    choice = CompletionChoice(
+        text="".join(text),
+        logprobs=merge_completion_logprobs(lps) if pieces.lp is not None else None,
+        finish_reason=pieces.finish_reason(last) if last else None,
+        stop_reason=last.stop_reason if last and not pieces.drop_generated else None,
+    )
+    return CompletionResponse(
+        id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[choice], usage=pieces.usage(last)
+    )
+
+
+async def completion_stream(
+    ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt,
+    outputs: AsyncIterator[RequestOutput],
+) -> AsyncIterator[bytes]:
+    pieces = _CompletionPieces(ctx, req, prompt)
+    continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
+
+    def chunk(choices: list[CompletionChoice], usage=None) -> bytes:
+        return encode_event(CompletionResponse(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        ))
+
+    async with aclosing(outputs):
+        try:
+            last = None
+            async for out in outputs:
+                last = out
+                piece = pieces.piece(out)
+                if not (piece.text or out.finished or (piece.logprobs and piece.logprobs.tokens)):
+                    continue
+                choice = CompletionChoice(
+                    text=piece.text, logprobs=piece.logprobs, finish_reason=pieces.finish_reason(out),
+                    stop_reason=None if pieces.drop_generated else _stop_reason(out),
+                )
+                yield chunk([choice], pieces.usage(out) if continuous else None)
+            if req.include_usage:
+                yield chunk([], pieces.usage(last))
+        except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
+            yield error_event(exc)
+        yield DONE
+
+
+def new_context(request_id: str, model: str, tokenizer: Any) -> ResponseContext:
+    return ResponseContext(request_id=request_id, model=model, tokenizer=tokenizer, created=now_s())

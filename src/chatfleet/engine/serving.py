@@ -1,0 +1,195 @@
+"""OpenAI requests to engine inputs (prompt ids, SamplingParams) and engine outputs to responses.
+
+Pure functions of the tokenizer and the request: no I/O, so the routes in server.py stay thin.
+What the built-in engine does not support (n > 1, penalties, suffix) is refused here with 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from chatfleet.engine.outputs import RequestOutput, TokenLogprob
+from chatfleet.engine.request import SamplingParams
+from chatfleet.errors import InvalidRequestError, RequestTooLongError
+from chatfleet.protocol.openai import (
+    ChatCompletionRequest,
+    ChatLogprobs,
+    ChatLogprobToken,
+    ChatMessage,
+    CompletionLogprobs,
+    CompletionRequest,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+    SamplingFields,
+)
+
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    except jinja2.TemplateError as exc:
+        raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
+    return tokenizer.encode(text)
+
+
+@dataclass(frozen=True)
+class CompletionPrompt:
+    token_ids: list[int]
+    text: str
+
+
+def completion_prompt(tokenizer: Any, req: CompletionRequest) -> CompletionPrompt:
+    """The one prompt of a completions request, as token ids and text."""
+    prompts = req.prompts
+    if len(prompts) != 1:
+        raise InvalidRequestError(
+            f"this server takes one prompt per request, got {len(prompts)}", param="prompt"
+        )
+    prompt = prompts[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        return CompletionPrompt(tokenizer.encode(prompt), prompt)
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if vocab is not None and any(t >= vocab for t in prompt):
+        raise InvalidRequestError(f"token ids must be below the vocabulary size {vocab}", param="prompt")
+    return CompletionPrompt(list(prompt), tokenizer.decode(prompt))
+
+
+def _common(req: SamplingFields) -> dict[str, Any]:
+    if req.n != 1:
+        raise InvalidRequestError("only n=1 is supported", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise InvalidRequestError(f"{name} is not supported by this engine", param=name)
+    return dict(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else req.top_k,
+        seed=req.seed,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop=tuple(req.stop_list),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )
+
+
+def _default_max_tokens(prompt_len: int, max_model_len: int) -> int:
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise RequestTooLongError(
+            f"the prompt has {prompt_len} tokens; this model's context is {max_model_len} tokens",
+            param="messages",
+        )
+    return room
+
+
+def chat_sampling_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+    max_tokens = req.requested_max_tokens
+    if max_tokens is None:
+        max_tokens = _default_max_tokens(prompt_len, max_model_len)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **_common(req))
+
+
+def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+    """max_tokens=0 runs one token that the response drops (scoring a prompt, as vLLM does)."""
+    if req.best_of not in (None, 1):
+        raise InvalidRequestError("only best_of=1 is supported", param="best_of")
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = _default_max_tokens(prompt_len, max_model_len)
+    prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
+    common = _common(req)
+    if max_tokens == 0:
+        common["min_tokens"] = 0
+    return SamplingParams(
+        max_tokens=max(1, max_tokens), logprobs=req.logprobs, prompt_logprobs=prompt_logprobs, **common
+    )
+
+
+def usage_of(out: RequestOutput | None, *, num_output_tokens: int | None = None) -> Usage:
+    if out is None:
+        return Usage()
+    completion = out.num_output_tokens if num_output_tokens is None else num_output_tokens
+    return Usage(
+        prompt_tokens=out.num_prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=out.num_prompt_tokens + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=max(0, out.num_cached_tokens)),
+    )
+
+
+class TokenText:
+    """Decoded text of single tokens, memoized per request (logprob listings repeat tokens)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._memo: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        s = self._memo.get(token_id)
+        if s is None:
+            s = self._memo[token_id] = self.tokenizer.decode([token_id])
+        return s
+
+
+def _clamp(x: float) -> float:
+    return x if x > MIN_LOGPROB else MIN_LOGPROB
+
+
+def chat_logprobs(text: TokenText, lps: list[TokenLogprob], k: int) -> ChatLogprobs:
+    content = []
+    for lp in lps:
+        s = text(lp.token_id)
+        top = [TopLogprob(token=text(t), logprob=_clamp(v), bytes=list(text(t).encode()))
+               for t, v in lp.top[:k]]
+        content.append(ChatLogprobToken(token=s, logprob=_clamp(lp.logprob),
+                                        bytes=list(s.encode()), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+class CompletionLogprobsBuilder:
+    """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset)."""
+
+    def __init__(self, text: TokenText, k: int) -> None:
+        self.text = text
+        self.k = k
+        self.offset = 0
+
+    def build(self, token_ids: list[int], lps: list[TokenLogprob | None]) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for tid, lp in zip(token_ids, lps, strict=True):
+            s = self.text(tid)
+            out.tokens.append(s)
+            out.text_offset.append(self.offset)
+            self.offset += len(s)
+            if lp is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            top = {self.text(t): _clamp(v) for t, v in lp.top[: self.k]}
+            top.setdefault(s, _clamp(lp.logprob))
+            out.token_logprobs.append(_clamp(lp.logprob))
+            out.top_logprobs.append(top)
+        return out
+
+
+def merge_completion_logprobs(parts: list[CompletionLogprobs]) -> CompletionLogprobs:
+    merged = CompletionLogprobs()
+    for p in parts:
+        merged.tokens += p.tokens
+        merged.token_logprobs += p.token_logprobs
+        merged.top_logprobs += p.top_logprobs
+        merged.text_offset += p.text_offset
+    return merged
