@@ -1,0 +1,194 @@
+"""Load: closed loop of N live chats, open loop of Poisson-arriving chats, fixed concurrency.
+
+Every mode is bounded in time (warmup + duration, then a drain timeout) and optionally in
+requests, seeded, and stops by itself. Requests whose intended send time falls in the warmup
+are marked and left out of the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chatfleet.bench.client import ClientConfig, send_chat
+from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.transport import Session, Transport
+from chatfleet.bench.workload import Conversation, Workload
+from chatfleet.errors import ConfigError
+
+MODES = {
+    "closed": "live chats held constant (a finished chat is replaced)",
+    "open": "new chats arrive as a Poisson process, in chats per second",
+    "concurrency": "requests in flight held constant, no think time (as other tools measure)",
+}
+HISTORY = ("live", "trace")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    mode: str
+    level: float  # chats (closed), new chats per second (open), requests in flight (concurrency)
+    duration_s: float = 30.0  # measured window after the warmup
+    warmup_s: float = 5.0
+    max_requests: int | None = None
+    drain_timeout_s: float = 60.0
+    history: str = "live"  # 'live': the server's replies; 'trace': the scripted/imported ones
+    max_live_chats: int = 20000  # open-loop bound
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown load mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.level <= 0:
+            raise ConfigError(f"load level must be positive, got {self.level}")
+        if self.mode != "open" and self.level != int(self.level):
+            raise ConfigError(f"{self.mode} load needs a whole number, got {self.level}")
+        if self.duration_s <= 0 or self.warmup_s < 0 or self.drain_timeout_s < 0:
+            raise ConfigError("duration must be > 0 and warmup, drain timeout >= 0")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ConfigError("max_requests must be >= 1")
+        if self.history not in HISTORY:
+            raise ConfigError(f"unknown history mode {self.history!r}; valid: {', '.join(HISTORY)}")
+
+
+@dataclass
+class LoadResult:
+    spec: LoadSpec
+    seed: int
+    t0_ns: int
+    started_unix: float
+    window_s: float
+    records: list[RequestRecord] = field(default_factory=list)
+    conversations: int = 0
+
+
+def raise_fd_limit(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + 256 if hard == resource.RLIM_INFINITY else min(hard, needed + 256)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+class _Run:
+    def __init__(self, workload: Workload, transport: Transport, cfg: ClientConfig, spec: LoadSpec, seed: int,
+                 on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.w, self.t, self.cfg, self.spec, self.seed = workload, transport, cfg, spec, seed
+        self.on_record = on_record
+        self.rng = random.Random(f"load:{seed}")
+        self.records: list[RequestRecord] = []
+        self.next_conv = 0
+        self.sent = 0
+        self.t0 = time.perf_counter_ns()
+        self.warm_end = self.t0 + int(spec.warmup_s * 1e9)
+        self.end = self.warm_end + int(spec.duration_s * 1e9)
+        self.idle_sessions: list[Session] = []
+
+    def new_conversation(self) -> Conversation:
+        i = self.next_conv
+        self.next_conv += 1
+        return self.w.conversation(i)
+
+    def may_send(self, at_ns: int) -> bool:
+        if at_ns >= self.end:
+            return False
+        return self.spec.max_requests is None or self.sent < self.spec.max_requests
+
+    async def chat(self, conv: Conversation, session: Session, slot: int, start_ns: int, think: bool) -> None:
+        """Run one conversation; its first turn is intended at ``start_ns``."""
+        replies: list[str] = []
+        intended = start_ns
+        for ti, turn in enumerate(conv.turns):
+            if ti > 0:
+                intended += int(turn.think_time_s * 1e9) if think else 0
+            if not self.may_send(intended):
+                return
+            delay = (intended - time.perf_counter_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.sent += 1
+            rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
+                                expected_tokens=turn.reply_tokens, warmup=intended < self.warm_end)
+            self.records.append(rec)
+            history = replies if self.spec.history == "live" else None
+            res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
+            if self.on_record is not None:
+                self.on_record(rec)
+            if rec.status != "ok":
+                return  # the user leaves; the slot starts a new chat
+            replies.append(res.text)
+            intended = self.t0 + int((rec.end_s or 0.0) * 1e9)
+
+    async def slot_loop(self, slot: int, first_start: int, think: bool) -> None:
+        session = self.t.session()
+        start = first_start
+        try:
+            while self.may_send(start):
+                conv = self.new_conversation()
+                await self.chat(conv, session, slot, start, think)
+                now = time.perf_counter_ns()
+                start = now + (int(self.w.first_think_time(conv.conv_id) * 1e9) if think else 0)
+        finally:
+            await session.discard()
+
+    async def open_loop(self) -> None:
+        rate = self.spec.level
+        tasks: set[asyncio.Task] = set()
+        at = self.t0
+        slot = 0
+        while True:
+            at += int(self.rng.expovariate(rate) * 1e9)
+            if not self.may_send(at):
+                break
+            delay = (at - time.perf_counter_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(tasks) >= self.spec.max_live_chats:
+                continue
+            task = asyncio.create_task(self._open_chat(slot, at))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            slot += 1
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _open_chat(self, slot: int, at: int) -> None:
+        session = self.idle_sessions.pop() if self.idle_sessions else self.t.session()
+        try:
+            await self.chat(self.new_conversation(), session, slot, at, think=True)
+        finally:
+            self.idle_sessions.append(session)
+
+    async def run(self) -> None:
+        spec = self.spec
+        if spec.mode == "open":
+            await self.open_loop()
+            return
+        n = int(spec.level)
+        think = spec.mode == "closed"
+        # Stagger the first turns over one mean think time so N chats do not start in lockstep.
+        spread = self.w.profile.think_time_s.p.get("mean", 1.0) if think else 0.0
+        starts = [self.t0 + int(self.rng.uniform(0, spread) * 1e9) for _ in range(n)]
+        await asyncio.gather(*(self.slot_loop(i, starts[i], think) for i in range(n)))
+
+
+async def run_load(workload: Workload, transport: Transport, cfg: ClientConfig, spec: LoadSpec, seed: int,
+                   on_record: Callable[[RequestRecord], None] | None = None) -> LoadResult:
+    """Drive one load point; returns every record (warmup ones marked)."""
+    raise_fd_limit(int(spec.level) + 64 if spec.mode != "open" else 4096)
+    started = time.time()
+    run = _Run(workload, transport, cfg, spec, seed, on_record)
+    main = asyncio.create_task(run.run())
+    deadline = (run.end - time.perf_counter_ns()) / 1e9 + spec.drain_timeout_s
+    done, _ = await asyncio.wait({main}, timeout=max(deadline, 0.0))
+    if not done:
+        main.cancel()
+        await asyncio.gather(main, return_exceptions=True)
+        for r in run.records:
+            if r.status == "ok" and r.end_s is None:
+                r.status, r.error = "timeout", "still in flight when the run's drain timeout ended"
+    else:
+        main.result()
+    return LoadResult(spec, seed, run.t0, started, spec.duration_s, run.records, run.next_conv)
