@@ -1,9 +1,74 @@
-"""`chatfleet` commands of this group (filled in by its owner)."""
+"""`chatfleet engine`: serve a model with the built-in engine over OpenAI-compatible HTTP."""
 
 from __future__ import annotations
 
 import typer
 
+from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
+from chatfleet.errors import ChatfleetError
+
+_E, _C, _S = EngineConfig(), CacheConfig(), SchedulerConfig()
+
+
+def engine(
+    model: str = typer.Option(_E.model, "--model", help="Local HF folder, or 'tiny' / 'small' (built once)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8000, "--port", help="Port to bind."),
+    dtype: str = typer.Option(_E.dtype, "--dtype", help="float32, bfloat16 or float16."),
+    kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool size in tokens."),
+    kv_cache_memory: str | None = typer.Option(
+        None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
+    ),
+    block_size: int = typer.Option(_C.block_size, "--block-size", help="Tokens per KV block."),
+    no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Turn prefix caching off."),
+    max_batched_tokens: int = typer.Option(
+        _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
+    ),
+    max_running: int = typer.Option(_S.max_running, "--max-running", help="Most requests in the batch."),
+    max_waiting: int = typer.Option(
+        _S.max_waiting, "--max-waiting", help="Waiting-queue bound; beyond it requests get 503."
+    ),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", help="Context length (default: the model's)."
+    ),
+    threads: int | None = typer.Option(None, "--threads", help="torch intra-op threads."),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="Model name clients use (default: from --model)."
+    ),
+    seed: int = typer.Option(_E.seed, "--seed", help="Engine seed."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Start the built-in engine on HOST:PORT (OpenAI /v1/chat/completions, /v1/completions, ...)."""
+    try:
+        config = EngineConfig(
+            model=model,
+            served_model_name=served_model_name,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            num_threads=threads,
+            cache=CacheConfig(
+                block_size=block_size,
+                num_tokens=kv_cache_tokens,
+                memory_bytes=parse_memory_size(kv_cache_memory) if kv_cache_memory else None,
+                enable_prefix_caching=not no_prefix_cache,
+            ),
+            scheduler=SchedulerConfig(
+                max_batched_tokens=max_batched_tokens, max_running=max_running, max_waiting=max_waiting
+            ),
+        )
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        from chatfleet.engine.server import run_server
+
+        run_server(config, host=host, port=port, log_level=log_level)
+    except ChatfleetError as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(2) from None
+
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to `app`."""
+    """Add the `engine` command to `app`."""
+    app.command("engine")(engine)

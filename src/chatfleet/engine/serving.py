@@ -134,13 +134,13 @@ class TokenText:
     """Decoded text of single tokens, memoized per request (logprob listings repeat tokens)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+        self._text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
         self._memo: dict[int, str] = {}
 
     def __call__(self, token_id: int) -> str:
         s = self._memo.get(token_id)
         if s is None:
-            s = self._memo[token_id] = self.tokenizer.decode([token_id])
+            s = self._memo[token_id] = self._text(token_id)
         return s
 
 
