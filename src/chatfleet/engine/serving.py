@@ -60,7 +60,11 @@ def completion_prompt(tokenizer: Any, req: CompletionRequest) -> CompletionPromp
     vocab = getattr(tokenizer, "vocab_size", None)
     if vocab is not None and any(t >= vocab for t in prompt):
         raise InvalidRequestError(f"token ids must be below the vocabulary size {vocab}", param="prompt")
-    return CompletionPrompt(list(prompt), tokenizer.decode(prompt))
+    try:  # echo shows special tokens as they are, as HF's decode does by default
+        text = tokenizer.decode(prompt, skip_special_tokens=False)
+    except TypeError:
+        text = tokenizer.decode(prompt)
+    return CompletionPrompt(list(prompt), text)
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:
