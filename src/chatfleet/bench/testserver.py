@@ -130,6 +130,17 @@ class ScriptedServer:
             self._send(writer, 429, {"error": {"message": "too many streams", "type": "rate_limit_error"}})
             return
         self.requests += 1
+        if not req.get("stream"):
+            cached = self._cache(words)
+            self.queries += len(words)
+            self.hits += cached
+            self._send(writer, 200, {
+                "id": "chatcmpl-scripted", "object": "chat.completion", "model": self.cfg.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": " tok" * n},
+                             "finish_reason": "length"}],
+                "usage": {"prompt_tokens": len(words), "completion_tokens": n, "total_tokens": len(words) + n,
+                          "prompt_tokens_details": {"cached_tokens": cached}}})
+            return
         self.inflight += 1
         try:
             await self._stream(req, words, n, writer)
