@@ -1,0 +1,208 @@
+"""Qwen3 dense decoder: GQA, per-head q/k RMSNorm, RoPE, SwiGLU, tied or untied embeddings.
+
+``model(input_ids[T], positions[T], attn_metadata, kv_caches) -> hidden[T, H]`` and
+``model.compute_logits(hidden[N, H]) -> [N, V]`` (float32). With ``attn_metadata=None`` the
+tokens are one sequence under plain causal attention (no cache).
+q/k/v and gate/up projections are fused (``qkv_proj``, ``gate_up_proj``); the loader maps the
+Hugging Face parameter names onto them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
+from chatfleet.errors import ConfigError
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """The parts of a Hugging Face config.json the model needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> Qwen3Config:
+        archs = cfg.get("architectures") or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and cfg.get("model_type") != "qwen3":
+            raise ConfigError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"unsupported hidden_act {cfg['hidden_act']!r}; supported: silu")
+        if cfg.get("use_sliding_window"):
+            raise ConfigError("sliding-window attention is not supported")
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        if rope_type != "default":
+            raise ConfigError(f"unsupported rope type {rope_type!r}; supported: default")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Like transformers: normalize in float32, cast back, then scale.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+
+
+class Rotary:
+    """cos/sin tables for every position, built once (float32 math, like transformers)."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        t = torch.arange(max_positions, device=device, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(dtype)
+        self.sin = emb.sin().to(dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if meta is None:
+            out = causal_attention(q, k, v, self.scale)
+        else:
+            assert cache is not None
+            out = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Qwen3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary: Rotary | None = None
+
+    def init_rotary(self) -> None:
+        """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""
+        w = self.embed_tokens.weight
+        self.rotary = Rotary(self.config.head_dim, self.config.rope_theta,
+                             self.config.max_position_embeddings, w.dtype, w.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn_metadata: AttentionMetadata | None = None,
+                kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        if self.rotary is None:
+            self.init_rotary()
+        assert self.rotary is not None
+        cos, sin = self.rotary.lookup(positions)
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            cache = kv_caches[i] if kv_caches is not None else None
+            x = layer(x, cos, sin, attn_metadata, cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

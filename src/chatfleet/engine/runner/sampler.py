@@ -1,0 +1,140 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+Each sampled row draws its randomness from its own ``torch.Generator`` when it has one (an
+exponential race: ``argmax(probs / Exp(1))`` is a draw from ``probs``), so a seeded request
+samples the same tokens whatever else is in the batch. Logprobs are ``log_softmax`` of the raw
+logits (the model's distribution, before temperature, top-k/p or masking), as vLLM reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from chatfleet.engine.outputs import SampledToken, TokenLogprob
+from chatfleet.engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """What the sampler needs to know about one logits row."""
+
+    params: SamplingParams
+    num_output_tokens: int = 0
+    eos_token_id: int | None = None
+    generator: torch.Generator | None = None  # None: the sampler's shared generator
+
+
+def top_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], ks: Sequence[int]) -> list[TokenLogprob]:
+    """TokenLogprob of ``token_ids[i]`` under row i of ``logprobs`` with its ``ks[i]`` best tokens."""
+    n = logprobs.shape[0]
+    rows = torch.arange(n, device=logprobs.device)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=logprobs.device)
+    chosen = logprobs[rows, ids].tolist()
+    kmax = min(max(ks, default=0), logprobs.shape[1])
+    top_vals: list[list[float]] = [[] for _ in range(n)]
+    top_ids: list[list[int]] = [[] for _ in range(n)]
+    if kmax > 0:
+        vals, idx = logprobs.topk(kmax, dim=-1)
+        top_vals, top_ids = vals.tolist(), idx.tolist()
+    return [
+        TokenLogprob(token_id=int(token_ids[i]), logprob=chosen[i],
+                     top=list(zip(top_ids[i][: ks[i]], top_vals[i][: ks[i]])))
+        for i in range(n)
+    ]
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask (to -inf) tokens outside each row's top-k / nucleus; k = vocab and p = 1 disable."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (vocab - top_k).clamp(0, vocab - 1).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False  # always keep the most likely token
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+class Sampler:
+    """Samples one token per logits row; ``stop_token_ids`` are the model's end-of-turn tokens."""
+
+    def __init__(self, stop_token_ids: Sequence[int] = (), seed: int = 0,
+                 device: torch.device | str = "cpu") -> None:
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def _masked_ids(self, row: SamplingRow) -> set[int]:
+        """Tokens this row may not produce now: end-of-turn ids under ignore_eos or min_tokens."""
+        p = row.params
+        below_min = row.num_output_tokens < p.min_tokens
+        if not (p.ignore_eos or below_min):
+            return set()
+        ids = set(self.stop_token_ids)
+        if row.eos_token_id is not None:
+            ids.add(row.eos_token_id)
+        if below_min:
+            ids.update(p.stop_token_ids)
+        return ids
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
+        """``logits``: [N, V] float32 (modified in place); ``rows``: one per logits row."""
+        n, vocab = logits.shape
+        device = logits.device
+        want_lp = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        raw_logprobs = logits[want_lp].log_softmax(dim=-1) if want_lp else None
+
+        mask_rows: list[int] = []
+        mask_cols: list[int] = []
+        for i, r in enumerate(rows):
+            for t in self._masked_ids(r):
+                if t < vocab:
+                    mask_rows.append(i)
+                    mask_cols.append(t)
+        if mask_rows:
+            logits[torch.tensor(mask_rows, device=device), torch.tensor(mask_cols, device=device)] = float("-inf")
+
+        tokens = torch.empty(n, dtype=torch.long, device=device)
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        random = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if greedy:
+            g_idx = torch.tensor(greedy, device=device)
+            tokens[g_idx] = logits[g_idx].argmax(dim=-1)
+        if random:
+            tokens[torch.tensor(random, device=device)] = self._sample_random(logits, [rows[i] for i in random], random)
+
+        token_list = tokens.tolist()
+        out = [SampledToken(token_id=t) for t in token_list]
+        if raw_logprobs is not None:
+            lps = top_logprobs(raw_logprobs, [token_list[i] for i in want_lp],
+                               [rows[i].params.logprobs or 0 for i in want_lp])
+            for i, lp in zip(want_lp, lps):
+                out[i] = SampledToken(token_id=token_list[i], logprob=lp)
+        return out
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow], index: list[int]) -> torch.Tensor:
+        device = logits.device
+        sub = logits[torch.tensor(index, device=device)]
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=sub.dtype, device=device)
+        sub.div_(temps.unsqueeze(1))
+        vocab = sub.shape[1]
+        use_k = any(0 < r.params.top_k < vocab for r in rows)
+        use_p = any(r.params.top_p < 1.0 for r in rows)
+        if use_k or use_p:
+            top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows],
+                                 dtype=torch.long, device=device) if use_k else None
+            top_p = torch.tensor([r.params.top_p for r in rows], dtype=sub.dtype, device=device) if use_p else None
+            sub = apply_top_k_top_p(sub, top_k, top_p)
+        probs = sub.softmax(dim=-1)
+        race = torch.empty_like(probs).exponential_(generator=self.generator)
+        for j, r in enumerate(rows):
+            if r.generator is not None:
+                race[j].exponential_(generator=r.generator)
+        # An exact 0 draw would turn a zero probability into NaN (which argmax picks).
+        return probs.div_(race.clamp_min_(1e-20)).argmax(dim=-1)

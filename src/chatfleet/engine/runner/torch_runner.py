@@ -1,0 +1,168 @@
+"""Runs scheduler plans on a PyTorch model with a paged KV cache, then samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from chatfleet.engine.models.attention import KVCache, build_attention_metadata
+from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
+from chatfleet.engine.models.qwen3 import Qwen3Config
+from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
+
+
+def kv_bytes_per_token(model_config: Qwen3Config, dtype: str | torch.dtype) -> int:
+    """KV cache bytes one token takes across all layers (keys and values)."""
+    elem = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+    return model_config.num_layers * 2 * model_config.num_kv_heads * model_config.head_dim * elem
+
+
+@dataclass
+class _PendingPromptRow:
+    """Log-probabilities from a chunk's last position, scoring the next chunk's first token."""
+
+    position: int
+    logprobs: torch.Tensor  # [V]
+
+
+class TorchRunner:
+    """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
+
+    def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
+                 device: str | torch.device | None = None, seed: int = 0) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.loaded = loaded_model
+        self.model = loaded_model.model
+        self.config = loaded_model.config
+        self.device = torch.device(device) if device is not None else loaded_model.device
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self.kv_caches = [
+            KVCache.allocate(num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim,
+                             loaded_model.dtype, self.device)
+            for _ in range(self.config.num_layers)
+        ]
+        self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
+        self._generators: dict[str, torch.Generator] = {}
+        self._pending_prompt: dict[str, _PendingPromptRow] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_request_states(self) -> int:
+        """Requests with live per-request state (for leak checks)."""
+        return len(set(self._generators) | set(self._pending_prompt))
+
+    def _generator(self, chunk: ScheduledChunk) -> torch.Generator | None:
+        seed = chunk.sampling_params.seed
+        if seed is None or chunk.sampling_params.greedy:
+            return None
+        gen = self._generators.get(chunk.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[chunk.request_id] = gen
+        return gen
+
+    def _check_chunk(self, c: ScheduledChunk) -> None:
+        if len(c.block_table) * self._block_size < c.context_length:
+            raise ValueError(
+                f"request {c.request_id}: block table of {len(c.block_table)} blocks cannot hold "
+                f"{c.context_length} tokens (block size {self._block_size})"
+            )
+
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        for rid in scheduler_output.finished_request_ids:
+            self._generators.pop(rid, None)
+            self._pending_prompt.pop(rid, None)
+        if not scheduler_output.chunks:
+            return RunnerOutput(sampled={})
+        chunks = scheduler_output.chunks
+        for c in chunks:
+            self._check_chunk(c)
+        decodes = [c for c in chunks if c.num_tokens == 1]
+        prefills = [c for c in chunks if c.num_tokens > 1]
+        order = decodes + prefills
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for c in decodes:
+            input_ids.append(c.token_ids[0])
+            positions.append(c.start_position)
+        for c in prefills:
+            input_ids.extend(c.token_ids)
+            positions.extend(range(c.start_position, c.context_length))
+        meta = build_attention_metadata(
+            self._block_size,
+            decode_context_lens=[c.context_length for c in decodes],
+            decode_block_tables=[c.block_table for c in decodes],
+            chunk_starts=[c.start_position for c in prefills],
+            chunk_lens=[c.num_tokens for c in prefills],
+            chunk_block_tables=[c.block_table for c in prefills],
+            device=self.device,
+        )
+
+        # Rows of the hidden states that need logits: last token of sampling chunks, and every
+        # token of chunks that want prompt logprobs.
+        sample_chunks: list[ScheduledChunk] = []
+        rows: list[int] = []
+        prompt_chunks: list[tuple[ScheduledChunk, int]] = []  # (chunk, first logits row)
+        offset = 0
+        sample_rows: list[int] = []
+        for c in order:
+            if c.want_prompt_logprobs:
+                prompt_chunks.append((c, len(rows)))
+                rows.extend(range(offset, offset + c.num_tokens))
+            if c.sample:
+                sample_chunks.append(c)
+                sample_rows.append(len(rows) - 1 if c.want_prompt_logprobs else len(rows))
+                if not c.want_prompt_logprobs:
+                    rows.append(offset + c.num_tokens - 1)
+            offset += c.num_tokens
+
+        with torch.inference_mode():
+            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
+            if not rows:
+                return RunnerOutput(sampled={})
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            prompt_lps = {c.request_id: self._prompt_logprobs(c, logits[r : r + c.num_tokens])
+                          for c, r in prompt_chunks}
+            sampled: dict[str, SampledToken] = {}
+            if sample_chunks:
+                sample_logits = logits[torch.tensor(sample_rows, device=self.device)]
+                sampling_rows = [
+                    SamplingRow(c.sampling_params, c.num_output_tokens, c.eos_token_id, self._generator(c))
+                    for c in sample_chunks
+                ]
+                tokens = self.sampler.sample(sample_logits, sampling_rows)
+                sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
+        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps)
+
+    def _prompt_logprobs(self, c: ScheduledChunk, logits: torch.Tensor) -> list[TokenLogprob]:
+        """Scores of the chunk's tokens (the first one by the previous chunk's last position)."""
+        k = c.sampling_params.prompt_logprobs or 0
+        lps = logits.log_softmax(dim=-1)
+        pending = self._pending_prompt.pop(c.request_id, None)
+        score_rows: list[torch.Tensor] = []
+        targets: list[int] = []
+        if pending is not None and pending.position == c.start_position:
+            score_rows.append(pending.logprobs.unsqueeze(0))
+            targets.append(c.token_ids[0])
+        if c.num_tokens > 1:
+            score_rows.append(lps[: c.num_tokens - 1])
+            targets.extend(c.token_ids[1:])
+        if not c.sample:
+            self._pending_prompt[c.request_id] = _PendingPromptRow(c.context_length, lps[-1].clone())
+        if not targets:
+            return []
+        return top_logprobs(torch.cat(score_rows), targets, [k] * len(targets))
