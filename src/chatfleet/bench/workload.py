@@ -114,7 +114,7 @@ class Conversation:
         first = 0
         while first < turn_index and self.prompt_tokens(turn_index, first) > self.max_prompt_tokens:
             first += 1
-        msgs = [{"role": "system", "content": self.system}]
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
         for i in range(first, turn_index):
             msgs.append({"role": "user", "content": self.turns[i].user})
             msgs.append({"role": "assistant", "content": replies[i]})

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from chatfleet.bench.workload import Conversation, Workload
+from chatfleet.bench.workload import Conversation, Workload  # or a traces.TraceWorkload
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def describe(workload: Workload, conversations: list[Conversation] | None = None
     turns = [t for c in convs for t in c.turns]
     thinks = [t.think_time_s for c in convs for t in c.turns[1:]]
     card_use = Counter(c.character_id for c in convs)
-    lang_of = {card.character_id: card.language for card in workload.cards}
+    lang_of = {card.character_id: card.language for card in getattr(workload, "cards", [])}
     langs = Counter(lang_of.get(c.character_id, "?") for c in convs)
     return WorkloadStats(
         profile=workload.profile.name,

@@ -1,9 +1,208 @@
-"""`chatfleet` commands of this group (filled in by its owner)."""
+"""`chatfleet bench` (one load point), `sweep` (find the knee), `fleet` (size from a sweep),
+`workload` (profile statistics and trace export). Each works against any OpenAI-compatible URL."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
 import typer
+from rich.console import Console
+
+from chatfleet.bench import console as ui
+from chatfleet.bench.client import ClientConfig
+from chatfleet.bench.fleet import plan_fleet
+from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_html, write_json
+from chatfleet.bench.setup import WorkloadSource, discover_model
+from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
+from chatfleet.bench.workload import PROFILES, get_profile
+from chatfleet.errors import ChatfleetError
+
+_L = LoadSpec("closed", 1)
+_P = RunProtocol("http://127.0.0.1:8000", _L, parse_slo("ttft_p99<=1s"))
+out = Console()
+err = Console(stderr=True)
+
+O_URL = typer.Option(..., "--url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+O_MODEL = typer.Option(None, "--model", help="Model name to send (default: the first on /v1/models).")
+O_PROFILE = typer.Option("cpu-roleplay", "--profile", help=f"Workload profile: {', '.join(PROFILES)}.")
+O_TOKENIZER = typer.Option(None, "--tokenizer", help="Calibrate lengths with this tokenizer: model folder, "
+                           "tokenizer.json, 'tiny' or 'small' (default: a byte estimate).")
+O_SLO = typer.Option("ttft_p99<=1s,itl_p99<=100ms", "--slo", help="Targets, e.g. 'reply_p50<=3.8s,reply_p95<=7s'.")
+O_MODE = typer.Option(_L.mode, "--mode", help="closed (live chats), open (new chats/s) or concurrency.")
+O_DURATION = typer.Option(_L.duration_s, "--duration", help="Measured seconds per run.")
+O_WARMUP = typer.Option(_L.warmup_s, "--warmup", help="Warmup seconds per run (excluded).")
+O_REPEATS = typer.Option(_P.repeats, "--repeats", help="Runs per load point (confidence intervals).")
+O_SEED = typer.Option(0, "--seed", help="Base seed; every run gets a new one derived from it.")
+O_KIND = typer.Option(_P.server_kind, "--server-kind", help="chatfleet, vllm, sglang or none (cache reset).")
+O_NOVERIFY = typer.Option(False, "--no-verify-reset", help="Reset the prefix cache without verifying it.")
+O_FLOOR = typer.Option(None, "--clock-floor", help="Set aside runs whose clock fell below this (MHz, or a fraction <= 1 of max).")
+O_TRANSPORT = typer.Option(_P.transport, "--transport", help="raw (asyncio, default) or httpx.")
+O_TRACE = typer.Option(None, "--trace", help="Replay an OpenAI-messages JSONL trace.")
+O_SHAREGPT = typer.Option(None, "--sharegpt", help="Replay ShareGPT JSON conversations.")
+O_HISTORY = typer.Option(_L.history, "--history", help="live (server replies) or trace (scripted replies) in history.")
+O_OUT = typer.Option(None, "--out", help="Write the JSON result here.")
+O_HTML = typer.Option(None, "--html", help="Write the HTML report here.")
+O_TEMP = typer.Option(1.0, "--temperature", help="Sampling temperature sent with requests.")
+O_TIMEOUT = typer.Option(300.0, "--request-timeout", help="Seconds before a request counts as timed out.")
+O_MAXREQ = typer.Option(None, "--max-requests", help="Stop sending after this many requests per run.")
+
+
+def _fail(e: Exception) -> None:
+    msg = e.message if isinstance(e, ChatfleetError) else str(e)
+    err.print(f"[red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def _protocol(url, mode, duration, warmup, repeats, seed, kind, no_verify, floor, transport, history, slo, max_req,
+              level=1.0):
+    load = LoadSpec(mode, level, duration_s=duration, warmup_s=warmup, history=history, max_requests=max_req)
+    return RunProtocol(url, load, parse_slo(slo), repeats=repeats, base_seed=seed, server_kind=kind,
+                       verify_reset=not no_verify, clock_floor=floor, transport=transport)
+
+
+def _settings(**kw) -> dict:
+    return {"argv": sys.argv[1:], **{k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in kw.items()}}
+
+
+def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live chats (closed), new chats/s "
+          "(open) or requests in flight (concurrency)."), model: str | None = O_MODEL, profile: str = O_PROFILE,
+          tokenizer: str | None = O_TOKENIZER, slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION,
+          warmup: float = O_WARMUP, repeats: int = O_REPEATS, seed: int = O_SEED, server_kind: str = O_KIND,
+          no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
+          trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
+          temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
+          out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
+    """Measure one load point (repeated --repeats times) against URL."""
+    try:
+        proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
+                          transport, history, slo, max_requests, level)
+        source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
+        make, counter = source.factory()
+        client = ClientConfig(model or discover_model(url), temperature=temperature, request_timeout_s=request_timeout)
+
+        async def go():
+            b = Bench(proto, client, make, ui.ProgressObserver())
+            try:
+                return await b.run_point(level)
+            finally:
+                await b.close()
+
+        point = asyncio.run(go())
+    except ChatfleetError as e:
+        _fail(e)
+    for run in point.runs:
+        out.print(ui.summary_table(run.summary, f"load {level:g} ({mode}), seed {run.seed}"))
+        out.print(ui.run_facts(run.summary))
+    from chatfleet.bench.sweep import SweepResult
+
+    res = SweepResult(mode, slo, [point], level if point.passed else None, not point.passed)
+    doc = result_document("bench", _settings(url=url, model=client.model, profile=get_profile(profile),
+                          tokenizer=counter.name, protocol=proto, client=client), {url: sweep_to_dict(res)})
+    _write(doc, out_path, html)
+
+
+def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="First load level."),
+              max_level: float = typer.Option(256, "--max", help="Highest load level to try."),
+              growth: float = typer.Option(2.0, "--growth", help="Factor between levels until the SLO breaks."),
+              resolution: float = typer.Option(1.0, "--resolution", help="Bisect until the bracket is this narrow."),
+              max_points: int = typer.Option(12, "--max-points", help="Most load points to measure."),
+              model: str | None = O_MODEL, profile: str = O_PROFILE, tokenizer: str | None = O_TOKENIZER,
+              slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION, warmup: float = O_WARMUP,
+              repeats: int = O_REPEATS, seed: int = O_SEED, server_kind: str = O_KIND,
+              no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
+              trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
+              temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
+              peak: int | None = typer.Option(None, "--peak", help="Also size a fleet for this many peak chats."),
+              headroom: float = typer.Option(0.0, "--headroom", help="Fleet headroom above the peak (0.2 = 20%)."),
+              price: float | None = typer.Option(None, "--price", help="Price per GPU-hour for the cost."),
+              out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
+    """Raise the load until the SLO breaks, then bisect: report the knee (and a fleet size)."""
+    try:
+        proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
+                          transport, history, slo, max_requests)
+        spec = SweepSpec(start, max_level, growth, resolution, max_points)
+        source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
+        make, counter = source.factory()
+        client = ClientConfig(model or discover_model(url), temperature=temperature, request_timeout_s=request_timeout)
+
+        async def go():
+            b = Bench(proto, client, make, ui.ProgressObserver())
+            try:
+                return await sweep(b, spec)
+            finally:
+                await b.close()
+
+        res = asyncio.run(go())
+        fleet = plan_fleet(res.knee, peak, headroom, price) if peak and res.knee else None
+    except ChatfleetError as e:
+        _fail(e)
+    out.print(ui.sweep_table(res, f"sweep against {url} ({mode}, SLO {res.slo})"))
+    knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
+    out.print(f"knee: [bold]{knee}[/]")
+    if fleet:
+        out.print(ui.fleet_table({url: fleet}))
+    doc = result_document("sweep", _settings(url=url, model=client.model, profile=get_profile(profile),
+                          tokenizer=counter.name, protocol=proto, sweep=spec, client=client),
+                          {url: sweep_to_dict(res)}, {"fleet": {url: fleet.to_dict()} if fleet else {}})
+    _write(doc, out_path, html)
+
+
+def fleet_cmd(result: Path = typer.Argument(..., help="JSON result of `chatfleet sweep` or `demo`."),
+              peak: int = typer.Option(2200, "--peak", help="Peak concurrent chats to serve."),
+              headroom: float = typer.Option(0.0, "--headroom", help="Provision this share above the peak."),
+              price: float | None = typer.Option(None, "--price", help="Price per GPU-hour."),
+              gpus_per_replica: int = typer.Option(1, "--gpus-per-replica", help="GPUs one replica uses."),
+              series: str | None = typer.Option(None, "--series", help="Which series of the result (default: all).")) -> None:
+    """Fleet size from a sweep: replicas = ceil(peak x (1 + headroom) / knee), and the cost."""
+    try:
+        doc = load_result(result)
+        names = [series] if series else list(doc["series"])
+        plans = {}
+        for n in names:
+            if n not in doc["series"]:
+                raise ChatfleetError(f"no series {n!r} in {result}; it has: {', '.join(doc['series'])}")
+            knee = doc["series"][n]["knee"]
+            plans[n] = plan_fleet(knee, peak, headroom, price, gpus_per_replica) if knee else None
+    except ChatfleetError as e:
+        _fail(e)
+    out.print(ui.fleet_table(plans, f"fleet for {peak} peak chats"))
+
+
+def workload_cmd(profile: str = O_PROFILE, tokenizer: str | None = O_TOKENIZER, seed: int = O_SEED,
+                 n: int = typer.Option(400, "--conversations", help="Conversations to sample."),
+                 export: Path | None = typer.Option(None, "--export", help="Write them as OpenAI-messages JSONL.")) -> None:
+    """Print a profile's statistics (calibrated with --tokenizer); optionally export a trace."""
+    from chatfleet.bench.traces import export_jsonl
+    from chatfleet.bench.workload_stats import describe
+
+    try:
+        src = WorkloadSource(get_profile(profile), tokenizer, history="trace" if export else "live")
+        w = src.factory()[0](seed)
+        out.print(ui.workload_table(describe(w, n=n)))
+        if export:
+            export_jsonl(w, n, export)
+            out.print(f"wrote {n} conversations to {export}")
+    except ChatfleetError as e:
+        _fail(e)
+
+
+def _write(doc: dict, out_path: Path | None, html: Path | None) -> None:
+    if out_path:
+        write_json(doc, out_path)
+        out.print(f"result: {out_path}")
+    if html:
+        write_html(doc, html)
+        out.print(f"report: {html}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to `app`."""
+    """Add `bench`, `sweep`, `fleet` and `workload` to `app`."""
+    app.command("bench")(bench)
+    app.command("sweep")(sweep_cmd)
+    app.command("fleet")(fleet_cmd)
+    app.command("workload")(workload_cmd)

@@ -1,0 +1,131 @@
+"""Terminal output: progress bars during runs and rich tables of results."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from chatfleet.bench.fleet import FleetPlan
+from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.stats import RunSummary
+from chatfleet.bench.sweep import Observer, RunRecord, SweepResult
+from chatfleet.bench.workload_stats import WorkloadStats
+
+
+def _ms(v: float | None) -> str:
+    if v is None or v != v:
+        return "-"
+    if v == float("inf"):
+        return "inf"
+    return f"{v * 1e3:.0f}ms" if v < 10 else f"{v:.1f}s"
+
+
+class ProgressObserver(Observer):
+    """One progress bar per run (time through warmup + measurement), and a line per finished run."""
+
+    def __init__(self, console: Console | None = None, label: str = "") -> None:
+        self.console = console or Console(stderr=True)
+        self.label = label
+        self.progress: Progress | None = None
+        self.task = None
+        self.t_start = 0.0
+        self.total = 0.0
+        self.n = 0
+        self.errors = 0
+
+    def run_started(self, level: float, repeat: int, seed: int, load: LoadSpec) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                                 TimeRemainingColumn(), console=self.console, transient=True)
+        self.progress.start()
+        self.total = load.warmup_s + load.duration_s
+        self.t_start = time.monotonic()
+        self.n = self.errors = 0
+        desc = f"{self.label}{load.mode} {level:g} (repeat {repeat + 1}, seed {seed})"
+        self.task = self.progress.add_task(desc, total=self.total, info="")
+
+    def record_done(self, rec: RequestRecord) -> None:
+        self.n += 1
+        self.errors += rec.status != "ok"
+        if self.progress is not None:
+            el = min(self.total, time.monotonic() - self.t_start)
+            self.progress.update(self.task, completed=el, info=f"{self.n} req, {self.errors} err")
+
+    def run_finished(self, run: RunRecord) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        s = run.summary
+        verdict = "[green]meets SLO[/]" if s.slo_passed else "[red]breaks SLO[/]"
+        aside = " [yellow](throttled: set aside)[/]" if run.throttled else ""
+        hits = "-" if s.hit_rate is None else f"{s.hit_rate:.0%}"
+        self.console.print(
+            f"{self.label}load {run.level:g}: {s.requests} req, ttft p99 {_ms(s.latency['ttft']['p99'])}, "
+            f"itl p99 {_ms(s.latency['itl']['p99'])}, goodput {s.goodput:.2f}/s, hits {hits}, "
+            f"{s.errors + s.rate_limited + s.timeouts} failed: {verdict}{aside}"
+        )
+
+
+def summary_table(s: RunSummary, title: str = "run") -> Table:
+    t = Table(title=title)
+    t.add_column("metric")
+    for st in ("p50", "p90", "p95", "p99", "mean", "max"):
+        t.add_column(st, justify="right")
+    for m in ("ttft", "itl", "reply", "queue"):
+        t.add_row(m, *(_ms(s.latency[m][st]) for st in ("p50", "p90", "p95", "p99", "mean", "max")))
+    return t
+
+
+def run_facts(s: RunSummary) -> Table:
+    t = Table(show_header=False, title="outcome")
+    hits = "-" if s.hit_rate is None else f"{s.hit_rate:.1%}"
+    for k, v in (("requests", s.requests), ("ok / errors / 429 / timeouts", f"{s.ok} / {s.errors} / {s.rate_limited} / {s.timeouts}"),
+                 ("requests/s", f"{s.request_rate:.2f}"), ("output tokens/s", f"{s.output_tokens_per_s:.1f}"),
+                 ("goodput (req/s in SLO)", f"{s.goodput:.2f}"), ("SLO attainment", f"{s.slo_attainment:.1%}"),
+                 ("SLO", "met" if s.slo_passed else "broken"), ("prefix-cache hit rate", hits)):
+        t.add_row(k, str(v))
+    return t
+
+
+def sweep_table(res: SweepResult, title: str) -> Table:
+    t = Table(title=title)
+    for c in ("load", "SLO", "goodput/s", "ttft p99", "itl p99", "reply p95", "hit rate", "runs"):
+        t.add_column(c, justify="right")
+    for p in res.points:
+        kept = p.kept
+        mean = lambda f: sum(f(r.summary) for r in kept) / len(kept)  # noqa: E731
+        hr = [r.summary.hit_rate for r in kept if r.summary.hit_rate is not None]
+        t.add_row(f"{p.level:g}" + (" *" if p.level == res.knee else ""), "met" if p.passed else "[red]broken[/]",
+                  f"{p.intervals['goodput'].mean:.2f}", _ms(mean(lambda s: s.latency["ttft"]["p99"])),
+                  _ms(mean(lambda s: s.latency["itl"]["p99"])), _ms(mean(lambda s: s.latency["reply"]["p95"])),
+                  f"{sum(hr) / len(hr):.0%}" if hr else "-", str(len(p.runs)))
+    return t
+
+
+def fleet_table(plans: dict[str, FleetPlan | None], title: str = "fleet") -> Table:
+    t = Table(title=title)
+    for c in ("series", "knee (chats/replica)", "peak chats", "headroom", "replicas", "GPUs", "$/conversation-hour"):
+        t.add_column(c, justify="right")
+    for name, f in plans.items():
+        if f is None:
+            t.add_row(name, "none", "-", "-", "-", "-", "-")
+            continue
+        cost = "-" if f.cost_per_conversation_hour is None else f"{f.cost_per_conversation_hour:.4f}"
+        t.add_row(name, f"{f.knee:g}", str(f.peak_chats), f"{f.headroom:.0%}", str(f.replicas), str(f.gpus), cost)
+    return t
+
+
+def workload_table(s: WorkloadStats) -> Table:
+    t = Table(title=f"workload {s.profile} (tokenizer: {s.tokenizer})", show_header=False)
+    for k, v in s.to_dict().items():
+        if k in ("profile", "tokenizer"):
+            continue
+        if isinstance(v, float):
+            v = f"{v:.3g}" if v < 10 else f"{v:,.0f}"
+        elif isinstance(v, dict):
+            v = ", ".join(f"{a} {b:.0%}" for a, b in v.items())
+        t.add_row(k.replace("_", " "), str(v))
+    return t
