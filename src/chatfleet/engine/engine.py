@@ -1,0 +1,203 @@
+"""The Engine: admission, then one schedule / execute / update round per ``step()``.
+
+The scheduler plans (which requests, how many tokens, which KV blocks), the runner executes the
+plan on tensors, the scheduler applies the results and the output processor turns them into
+``RequestOutput``s. Not thread-safe: one thread drives it (``AsyncEngine`` does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.kv.block_pool import KVIntegrityError
+from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.output_processor import OutputProcessor
+from chatfleet.engine.outputs import RequestOutput, RunnerOutput
+from chatfleet.engine.request import Request, RequestStatus, SamplingParams
+from chatfleet.engine.scheduler import Scheduler
+from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # blocks referenced by requests / total (0..1)
+    num_blocks: int
+    block_size: int
+    num_cached_blocks: int  # blocks holding a prefix hash (in use or not)
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int
+    num_evictions: int  # cached blocks reused for other content
+    prompt_tokens: int
+    generation_tokens: int
+    num_finished: int  # requests that finished with stop or length
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = None) -> None:
+        self.config = config
+        model_max_len = None
+        if runner is None:
+            runner, tokenizer, model_max_len = self._build_torch_runner(config, tokenizer)
+        elif tokenizer is None:
+            raise ConfigError("an Engine given a runner needs a tokenizer too")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_name = config.served_model_name or config.model
+        model_max_len = model_max_len or getattr(runner, "max_model_len", None)
+        if config.max_model_len is not None:
+            if model_max_len is not None and config.max_model_len > model_max_len:
+                raise ConfigError(
+                    f"max_model_len {config.max_model_len} exceeds the model's {model_max_len}"
+                )
+            model_max_len = config.max_model_len
+        if model_max_len is None:
+            raise ConfigError("cannot tell the model's context length; set max_model_len")
+        self.max_model_len: int = model_max_len
+        self.vocab_size: int = getattr(runner, "vocab_size", None) or tokenizer.vocab_size
+        block_size = getattr(runner, "block_size", config.cache.block_size)
+        if block_size != config.cache.block_size:
+            raise ConfigError(f"runner block size {block_size} != configured {config.cache.block_size}")
+        self.kv = KVManager(
+            runner.num_blocks,
+            block_size,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            eviction_policy=config.cache.eviction_policy,
+        )
+        eos = getattr(tokenizer, "stop_token_ids", ()) or ()
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos)
+        )
+        self.output_processor = OutputProcessor(tokenizer)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._num_finished = 0
+
+    @staticmethod
+    def _build_torch_runner(config: EngineConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        from chatfleet.engine.models.loader import load_model
+        from chatfleet.engine.runner.torch_runner import TorchRunner, kv_bytes_per_token
+        from chatfleet.models.tiny import resolve_model
+
+        if config.num_threads is not None:
+            import torch
+
+            torch.set_num_threads(config.num_threads)
+        loaded = load_model(resolve_model(config.model), dtype=config.dtype, device=config.device)
+        num_blocks = config.cache.num_blocks(kv_bytes_per_token(loaded.config, config.dtype))
+        runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device)
+        max_len = getattr(loaded.config, "max_position_embeddings", None)
+        return runner, tokenizer or loaded.tokenizer, max_len
+
+    # ---- requests -----------------------------------------------------------------------------
+    @property
+    def max_request_tokens(self) -> int:
+        """The most prompt + max_tokens one request may ask for (context and KV pool bound)."""
+        return min(self.max_model_len, self.kv.total_tokens)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            bad = next(t for t in prompt_token_ids if not 0 <= t < self.vocab_size)
+            raise InvalidRequestError(
+                f"token id {bad} is out of the vocabulary (0..{self.vocab_size - 1})", param="prompt"
+            )
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLongError(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
+                f" exceeds the model's context length of {self.max_model_len} tokens",
+                param="max_tokens",
+            )
+        if total > self.kv.total_tokens:
+            raise RequestTooLongError(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total}"
+                f" exceeds the KV cache of {self.kv.total_tokens} tokens",
+                param="max_tokens",
+            )
+        request = Request(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            eos_token_id=getattr(self.tokenizer, "eos_token_id", None),
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            cache_salt=cache_salt,
+        )
+        self.scheduler.add_request(request)
+        self.output_processor.add_request(request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish the request now and free its blocks; no-op if unknown or finished."""
+        self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        self.output_processor.remove_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            self.scheduler.defer_finished(plan.finished_request_ids)
+            return []
+        result: RunnerOutput = self.runner.execute(plan)
+        updates = self.scheduler.update(plan, result)
+        processed = self.output_processor.process(updates)
+        for hit in processed.stopped:
+            self.scheduler.finish_request(hit.request_id, RequestStatus.FINISHED_STOPPED)
+        for out in processed.outputs:
+            self._generation_tokens += len(out.new_token_ids)
+            if out.num_output_tokens == len(out.new_token_ids):
+                self._prompt_tokens += out.num_prompt_tokens  # first output of the request
+            if out.finished:
+                self._num_finished += 1
+        return processed.outputs
+
+    # ---- memory and stats ---------------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset_prefix_cache()
+
+    def stats(self) -> EngineStats:
+        pc = self.kv.prefix_cache
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_usage=self.kv.usage,
+            num_blocks=self.kv.num_blocks,
+            block_size=self.kv.block_size,
+            num_cached_blocks=self.kv.pool.num_cached_blocks,
+            prefix_cache_queries=pc.queries,
+            prefix_cache_hits=pc.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_evictions=self.kv.pool.num_evictions,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_finished=self._num_finished,
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+        if self.output_processor.num_requests != len(self.scheduler.requests):
+            raise KVIntegrityError(
+                f"engine: {self.output_processor.num_requests} detokenizing requests but"
+                f" {len(self.scheduler.requests)} scheduled"
+            )
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.scheduler.requests.get(request_id)

@@ -1,0 +1,153 @@
+"""A deterministic fake runner: the "model" is a hash of the context it reads back from its KV.
+
+Each chunk's tokens are written into the slots its block table names; sampling reads the whole
+context back from those slots and hashes it. A wrong block table, a prefix hit with foreign
+contents or a block reused while still in use therefore changes the output, so greedy
+equivalence tests catch KV bugs without torch. Reading a slot that holds the wrong position
+raises at once. An optional cost model advances a virtual clock (for capacity planning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+
+import numpy as np
+
+from chatfleet.engine.kv.block_pool import KVIntegrityError
+from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+
+
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class SimRunner:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        vocab_size: int = 4096,
+        max_model_len: int = 16384,
+        cost_model: Callable[[SchedulerOutput], float] | None = None,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.cost_model = cost_model
+        self.virtual_time = 0.0  # seconds the cost model charged so far
+        self.num_steps = 0
+        self._tokens = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self._positions = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self._rngs: dict[str, random.Random] = {}
+
+    def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+        for rid in plan.finished_request_ids:
+            self._rngs.pop(rid, None)
+        sampled: dict[str, SampledToken] = {}
+        prompt_logprobs: dict[str, list[TokenLogprob]] = {}
+        for chunk in plan.chunks:
+            self._write(chunk)
+            if chunk.want_prompt_logprobs:
+                prompt_logprobs[chunk.request_id] = self._prompt_logprobs(chunk)
+            if chunk.sample:
+                sampled[chunk.request_id] = self._sample(chunk)
+        self.num_steps += 1
+        if self.cost_model is not None:
+            self.virtual_time += self.cost_model(plan)
+        return RunnerOutput(sampled, prompt_logprobs)
+
+    def _slots(self, table: list[int], start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        pos = np.arange(start, end)
+        if end > len(table) * self.block_size:
+            raise KVIntegrityError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
+        return np.asarray(table, dtype=np.int64)[pos // self.block_size], pos % self.block_size
+
+    def _write(self, chunk: ScheduledChunk) -> None:
+        blocks, offsets = self._slots(chunk.block_table, chunk.start_position, chunk.context_length)
+        self._tokens[blocks, offsets] = chunk.token_ids
+        self._positions[blocks, offsets] = np.arange(chunk.start_position, chunk.context_length)
+
+    def _read_context(self, chunk: ScheduledChunk) -> np.ndarray:
+        blocks, offsets = self._slots(chunk.block_table, 0, chunk.context_length)
+        positions = self._positions[blocks, offsets]
+        if not np.array_equal(positions, np.arange(chunk.context_length)):
+            bad = int(np.flatnonzero(positions != np.arange(chunk.context_length))[0])
+            raise KVIntegrityError(
+                f"{chunk.request_id}: KV slot for position {bad} holds position {int(positions[bad])}"
+            )
+        return self._tokens[blocks, offsets]
+
+    def _sample(self, chunk: ScheduledChunk) -> SampledToken:
+        context = self._read_context(chunk)
+        h = _digest(context.tobytes())
+        params = chunk.sampling_params
+        token = h % self.vocab_size
+        if not params.greedy:
+            rng = self._rngs.get(chunk.request_id)
+            if rng is None:
+                seed = params.seed if params.seed is not None else random.getrandbits(64)
+                rng = self._rngs[chunk.request_id] = random.Random(seed)
+            token = (token + rng.randrange(self.vocab_size)) % self.vocab_size
+        banned = set()
+        if chunk.eos_token_id is not None and (params.ignore_eos or chunk.num_output_tokens < params.min_tokens):
+            banned.add(chunk.eos_token_id)
+        if chunk.num_output_tokens < params.min_tokens:
+            banned.update(params.stop_token_ids)
+        while token in banned:
+            token = (token + 1) % self.vocab_size
+        logprob = None
+        if params.logprobs is not None:
+            logprob = self._fake_logprob(token, h, params.logprobs)
+        return SampledToken(int(token), logprob)
+
+    def _fake_logprob(self, token: int, h: int, k: int) -> TokenLogprob:
+        lp = -((h >> 16) % 1000) / 100.0
+        top = [(token, lp)] + [((token + i) % self.vocab_size, lp - i) for i in range(1, k)]
+        return TokenLogprob(int(token), lp, top[:k])
+
+    def _prompt_logprobs(self, chunk: ScheduledChunk) -> list[TokenLogprob]:
+        """One entry per chunk token that has a predecessor (a function of the pair)."""
+        context = self._read_context(chunk)
+        k = chunk.sampling_params.prompt_logprobs or 0
+        first = max(chunk.start_position, 1)
+        out = []
+        for pos in range(first, chunk.context_length):
+            pair = context[pos - 1 : pos + 1].tobytes() + pos.to_bytes(4, "little")
+            out.append(self._fake_logprob(int(context[pos]), _digest(pair), k))
+        return out
+
+
+BYTE_VOCAB_SIZE = 258  # 256 bytes, <|im_end|> (eos), <|endoftext|>
+
+
+def make_byte_tokenizer():
+    """A model-free ``ChatTokenizer``: token id = UTF-8 byte value, plus two stop tokens.
+
+    For the SimRunner (tests, planning): every text encodes, multi-byte characters span tokens.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from chatfleet.engine.tokenizer import ChatTokenizer
+
+    # GPT-2's reversible byte -> printable character map, so the BPE vocab is byte-indexed.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    backend = Tokenizer(models.BPE({chars[b]: b for b in range(256)}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True)])
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return ChatTokenizer(backend, chat_template=template, eos_token="<|im_end|>")
