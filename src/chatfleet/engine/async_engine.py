@@ -67,6 +67,9 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue] = {}
         self.dead_error: BaseException | None = None
+        # queue-time observer, called on the engine thread with first_scheduled - arrival (s)
+        self.on_first_scheduled: Callable[[float], None] | None = None
+        self._unscheduled: dict[str, Any] = {}  # engine thread only: Request objects not yet scheduled
 
     # ------------------------------------------------------------ engine facts
 
@@ -202,6 +205,8 @@ class AsyncEngine:
                 if engine.has_unfinished_requests():
                     checked_idle = False
                     outputs = engine.step()
+                    if self._unscheduled:
+                        self._report_scheduled()
                     if outputs:
                         self._loop.call_soon_threadsafe(self._dispatch, outputs)
                 elif self.check_integrity_when_idle and not checked_idle:
@@ -230,6 +235,11 @@ class AsyncEngine:
                     arrival_time=cmd.arrival_time, cache_salt=cmd.cache_salt,
                 )
                 result = None
+                get_request = getattr(self.engine, "get_request", None)
+                if self.on_first_scheduled is not None and get_request is not None:
+                    request = get_request(cmd.request_id)
+                    if request is not None:
+                        self._unscheduled[cmd.request_id] = request
             else:
                 result = cmd.fn(self.engine)
         except ChatfleetError as exc:
@@ -239,6 +249,14 @@ class AsyncEngine:
             cmd.future.set_exception(exc)
         else:
             cmd.future.set_result(result)
+
+    def _report_scheduled(self) -> None:
+        for rid, request in list(self._unscheduled.items()):
+            scheduled = getattr(request, "first_scheduled_time", None)
+            if scheduled is not None:
+                self.on_first_scheduled(scheduled - request.arrival_time)
+            if scheduled is not None or request.is_finished:
+                del self._unscheduled[rid]
 
     def _fail_inbox(self, err: BaseException) -> None:
         with self._cond:

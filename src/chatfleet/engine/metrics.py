@@ -39,6 +39,10 @@ _FROM_STATS = (
     ("num_preemptions", "vllm:num_preemptions", "counter", "Preemptions (by recompute)."),
     ("num_blocks", "chatfleet:kv_cache_num_blocks", "gauge", "KV blocks in the pool."),
     ("block_size", "chatfleet:kv_cache_block_size", "gauge", "Tokens per KV block."),
+    ("num_cached_blocks", "chatfleet:kv_cache_cached_blocks", "gauge",
+     "KV blocks holding a prefix hash (in use or not)."),
+    ("num_evictions", "chatfleet:prefix_cache_evictions", "counter",
+     "Cached KV blocks reused for other content."),
 )
 
 
@@ -115,7 +119,10 @@ class ServerMetrics:
 
 
 class RequestTimer:
-    """Observes one request's TTFT, inter-token latency, queue time and end-to-end latency."""
+    """Observes one request's TTFT, inter-token latency and end-to-end latency.
+
+    Queue time is observed on the engine thread (``AsyncEngine.on_first_scheduled``).
+    """
 
     def __init__(self, metrics: ServerMetrics, arrival: float | None = None) -> None:
         self.metrics = metrics
@@ -127,9 +134,6 @@ class RequestTimer:
         if out.new_token_ids:
             if self.last is None:
                 self.metrics.ttft.observe(now - self.arrival)
-                queue_time = getattr(out, "queue_time_s", None)
-                if queue_time is not None:
-                    self.metrics.queue_time.observe(queue_time)
             else:
                 self.metrics.itl.observe(now - self.last)
             self.last = now

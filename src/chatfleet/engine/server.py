@@ -103,6 +103,7 @@ class ServerState:
         self.model_name = engine.model_name
         self.names = {engine.model_name, *model_aliases}
         self.metrics = ServerMetrics(engine.model_name)
+        engine.on_first_scheduled = self.metrics.queue_time.observe
         self.open_requests = 0
 
     def check_model(self, model: str | None) -> None:
