@@ -42,8 +42,16 @@ class Engine:
     def __init__(self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = None) -> None:
         self.config = config
         model_max_len = None
+        vocab_size = getattr(runner, "vocab_size", None)
         if runner is None:
-            runner, tokenizer, model_max_len = self._build_torch_runner(config, tokenizer)
+            from chatfleet.engine.runner.torch_runner import TorchRunner, kv_bytes_per_token
+
+            loaded = self._load_model(config)
+            num_blocks = config.cache.num_blocks(kv_bytes_per_token(loaded.config, config.dtype))
+            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed)
+            tokenizer = tokenizer or loaded.tokenizer
+            model_max_len = loaded.max_model_len
+            vocab_size = loaded.config.vocab_size
         elif tokenizer is None:
             raise ConfigError("an Engine given a runner needs a tokenizer too")
         self.runner = runner
@@ -59,7 +67,7 @@ class Engine:
         if model_max_len is None:
             raise ConfigError("cannot tell the model's context length; set max_model_len")
         self.max_model_len: int = model_max_len
-        self.vocab_size: int = getattr(runner, "vocab_size", None) or tokenizer.vocab_size
+        self.vocab_size: int = vocab_size or tokenizer.vocab_size
         block_size = getattr(runner, "block_size", config.cache.block_size)
         if block_size != config.cache.block_size:
             raise ConfigError(f"runner block size {block_size} != configured {config.cache.block_size}")
@@ -79,20 +87,15 @@ class Engine:
         self._num_finished = 0
 
     @staticmethod
-    def _build_torch_runner(config: EngineConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+    def _load_model(config: EngineConfig) -> Any:
         from chatfleet.engine.models.loader import load_model
-        from chatfleet.engine.runner.torch_runner import TorchRunner, kv_bytes_per_token
         from chatfleet.models.tiny import resolve_model
 
         if config.num_threads is not None:
             import torch
 
             torch.set_num_threads(config.num_threads)
-        loaded = load_model(resolve_model(config.model), dtype=config.dtype, device=config.device)
-        num_blocks = config.cache.num_blocks(kv_bytes_per_token(loaded.config, config.dtype))
-        runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device)
-        max_len = getattr(loaded.config, "max_position_embeddings", None)
-        return runner, tokenizer or loaded.tokenizer, max_len
+        return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device)
 
     # ---- requests -----------------------------------------------------------------------------
     @property

@@ -1,0 +1,132 @@
+"""Greedy equivalence on the real tiny model (float32): a request's greedy output is the same
+alone or batched, chunked or not, with a prefix-cache hit or cold, and after preemption."""
+
+import pytest
+import torch
+
+from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chatfleet.engine.engine import Engine
+from chatfleet.engine.models.loader import load_model
+from chatfleet.engine.request import SamplingParams
+from chatfleet.engine.runner.torch_runner import TorchRunner
+from chatfleet.models.tiny import resolve_model
+
+BS = 16
+MAX_LEN = 1024
+SYSTEM = "You are Captain Mara, a weathered sky-pirate who speaks in short, salty sentences."
+USERS = [
+    "Where are we headed tonight?",
+    "¿Cuántas monedas quedan en el cofre?",
+    "Расскажи мне о своём корабле, капитан, и о том, как ты его нашла.",
+    "船の名前は何ですか？",
+    "Tell me a long story about the storm over the glass sea, with every detail you remember.",
+]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model(resolve_model("tiny"), dtype="float32")
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    tok = loaded.tokenizer
+    return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
+
+
+def make_engine(loaded, num_blocks=128, prefix=True, **sched):
+    config = EngineConfig(
+        model="tiny",
+        max_model_len=MAX_LEN,
+        cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
+        scheduler=SchedulerConfig(**sched),
+    )
+    return Engine(config, runner=TorchRunner(loaded, num_blocks, BS), tokenizer=loaded.tokenizer)
+
+
+PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def run(engine, requests, stagger=0):
+    """Add ``requests`` (id -> prompt), ``stagger`` steps apart; drain; return id -> tokens."""
+    tokens = {rid: [] for rid in requests}
+    cached = {}
+    pending = list(requests.items())
+    while pending or engine.has_unfinished_requests():
+        if pending:
+            rid, prompt = pending.pop(0)
+            engine.add_request(rid, prompt, PARAMS)
+            for _ in range(stagger):
+                for o in engine.step():
+                    tokens[o.request_id] += o.new_token_ids
+                    cached[o.request_id] = o.num_cached_tokens
+                engine.check_integrity()
+            continue
+        for o in engine.step():
+            tokens[o.request_id] += o.new_token_ids
+            cached[o.request_id] = o.num_cached_tokens
+        engine.check_integrity()
+    engine.check_integrity()
+    assert all(b.ref_cnt == 0 for b in engine.kv.pool.blocks)
+    run.cached = cached
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def alone(loaded, prompts):
+    out = {}
+    for i, p in enumerate(prompts):
+        out[f"r{i}"] = run(make_engine(loaded, prefix=False), {f"r{i}": p})[f"r{i}"]
+        assert len(out[f"r{i}"]) == PARAMS.max_tokens
+    assert len({tuple(t) for t in out.values()}) > 1, "the tiny model answers everything alike"
+    return out
+
+
+def test_batched_equals_alone(loaded, prompts, alone):
+    got = run(make_engine(loaded, prefix=False), {f"r{i}": p for i, p in enumerate(prompts)}, stagger=2)
+    assert got == alone
+
+
+def test_chunked_prefill_equals_unchunked(loaded, prompts, alone):
+    engine = make_engine(loaded, prefix=False, max_batched_tokens=7)
+    got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
+    assert got == alone
+
+
+def test_prefix_cache_hit_equals_cold(loaded, prompts, alone):
+    engine = make_engine(loaded)
+    run(engine, {"warm": prompts[0]})
+    got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
+    assert got == alone
+    assert run.cached["r0"] == (len(prompts[0]) - 1) // BS * BS  # all but the last token's block
+    assert all(run.cached[f"r{i}"] > 0 for i in range(1, len(prompts)))  # the shared system prompt
+    assert engine.stats().prefix_cache_hits > 0
+
+
+def test_preempted_equals_alone(loaded, prompts, alone):
+    longest = max(len(p) for p in prompts) + PARAMS.max_tokens
+    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, prefix=False, max_batched_tokens=24)
+    got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
+    assert engine.stats().num_preemptions > 0, engine.stats()
+    assert got == alone
+
+
+def test_prompt_logprobs_chunked_match_unchunked(loaded, prompts):
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
+
+    def score(**sched):
+        engine = make_engine(loaded, **sched)
+        engine.add_request("s", prompts[4], params)
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        return outs[0].prompt_logprobs
+
+    whole, chunked = score(), score(max_batched_tokens=5)
+    assert len(whole) == len(prompts[4]) and whole[0] is None
+    assert [lp.token_id for lp in whole[1:]] == prompts[4][1:]
+    for a, b in zip(whole[1:], chunked[1:]):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
