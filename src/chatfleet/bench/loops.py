@@ -108,6 +108,8 @@ class _Run:
             delay = (intended - time.perf_counter_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
+                if not self.may_send(intended):  # another chat used the last request meanwhile
+                    return
             self.sent += 1
             rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
                                 expected_tokens=turn.reply_tokens, warmup=intended < self.warm_end)

@@ -75,8 +75,11 @@ class _Filler:
         total = 0
         while total < target or len(parts) < at_least:
             s = self.sentence(kind)
+            n = counter.count(s) + 1
+            if len(parts) >= at_least and total + n / 2 > target:
+                break  # the next sentence would overshoot more than stopping undershoots
             parts.append(s)
-            total += counter.count(s) + 1
+            total += n
         return " ".join(parts), total
 
 
@@ -86,14 +89,19 @@ def make_card(character_id: int, lang_code: str, target_tokens: int, counter: To
     rng = random.Random(f"card:{seed}:{character_id}")
     name = rng.choice(lang.words["name"])
     filler = _Filler(lang, rng, name, lang.labels["user"])
-    personality, _ = filler.grow("personality", counter, int(target_tokens * 0.35))
-    scenario, _ = filler.grow("scenario", counter, int(target_tokens * 0.25))
+    # The layout itself (labels, name lines) takes about 8 tokens plus 6 per example exchange.
+    body = max(8, target_tokens - 8)
+    personality, _ = filler.grow("personality", counter, int(body * 0.35))
+    scenario, _ = filler.grow("scenario", counter, int(body * 0.25))
     examples: list[tuple[str, str]] = []
     used = 0
-    while used < target_tokens * 0.40 or not examples:
+    while True:
         u, c = filler.sentence("user"), filler.sentence("reply")
+        n = counter.count(u) + counter.count(c) + 6
+        if examples and used + n / 2 > body * 0.40:
+            break
         examples.append((u, c))
-        used += counter.count(u) + counter.count(c) + 6
+        used += n
     text = _card_template().render(
         labels=lang.labels, name=name, role=rng.choice(lang.words["role"]),
         personality=personality, scenario=scenario, examples=examples,

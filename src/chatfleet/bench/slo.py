@@ -28,7 +28,7 @@ def stat_of(values: np.ndarray | list[float], stat: str) -> float:
         return float(arr.mean())
     if stat == "max":
         return float(arr.max())
-    return float(np.percentile(arr, float(stat[1:])))
+    return float(np.percentile(arr, float(stat[1:]), method="inverted_cdf"))  # nearest rank; inf-safe
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ class ScriptConfig:
     broken_reset: bool = False
     prefix_cache: bool = True
     max_inflight: int = 0  # > 0: answer 429 beyond this many streams
+    itl_per_stream_s: float = 0.0  # added to the ITL per concurrent stream: latency grows with load
+    report_cached: bool = True  # False: usage has no prompt_tokens_details (metrics still count hits)
     model: str = "scripted"
 
 
@@ -139,7 +141,7 @@ class ScriptedServer:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": " tok" * n},
                              "finish_reason": "length"}],
                 "usage": {"prompt_tokens": len(words), "completion_tokens": n, "total_tokens": len(words) + n,
-                          "prompt_tokens_details": {"cached_tokens": cached}}})
+                          **({"prompt_tokens_details": {"cached_tokens": cached}} if self.cfg.report_cached else {})}})
             return
         self.inflight += 1
         try:
@@ -149,6 +151,7 @@ class ScriptedServer:
 
     async def _stream(self, req: dict, words: list[str], n: int, writer) -> None:
         cfg = self.cfg
+        req_no = self.requests
         prompt = len(words)
         cached = self._cache(words)
         self.queries += prompt
@@ -157,12 +160,12 @@ class ScriptedServer:
         continuous = bool((req.get("stream_options") or {}).get("continuous_usage_stats"))
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                      b"Connection: keep-alive\r\n\r\n")
-        start = time.perf_counter()
         sent = 0
         k = max(1, cfg.tokens_per_chunk)
+        due = time.perf_counter() + cfg.ttft_s - cfg.itl_s
         while sent < n:
             step = min(k, n - sent)
-            due = start + cfg.ttft_s + cfg.itl_s * ((sent + step - 1) if sent else 0)
+            due += (cfg.itl_s + cfg.itl_per_stream_s * self.inflight) * step if sent else cfg.itl_s * step
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -171,13 +174,16 @@ class ScriptedServer:
                      "choices": [{"index": 0, "delta": {"content": " tok" * step}, "finish_reason": None}]}
             if continuous:
                 chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": sent}
+            chunk["x_req"] = req_no
             chunk["x_sent_ns"] = time.perf_counter_ns()
             _write_event(writer, chunk)
             await writer.drain()
         if want_usage:
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+            if cfg.report_cached:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
             _write_event(writer, {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "choices": [],
-                                  "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
-                                            "prompt_tokens_details": {"cached_tokens": cached}}})
+                                  "usage": usage})
         data = b"data: [DONE]\n\n"
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         await writer.drain()
@@ -198,10 +204,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--broken-reset", action="store_true")
     ap.add_argument("--no-prefix-cache", action="store_true")
     ap.add_argument("--max-inflight", type=int, default=0)
+    ap.add_argument("--itl-per-stream-ms", type=float, default=0.0)
+    ap.add_argument("--no-cached-usage", action="store_true")
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop if installed")
     a = ap.parse_args(argv)
     cfg = ScriptConfig(a.ttft_ms / 1e3, a.itl_ms / 1e3, a.tokens_per_chunk, broken_reset=a.broken_reset,
-                       prefix_cache=not a.no_prefix_cache, max_inflight=a.max_inflight)
+                       prefix_cache=not a.no_prefix_cache, max_inflight=a.max_inflight,
+                       itl_per_stream_s=a.itl_per_stream_ms / 1e3, report_cached=not a.no_cached_usage)
 
     async def serve() -> None:
         srv = ScriptedServer(cfg)
