@@ -110,7 +110,7 @@ def test_engine_needs_a_tokenizer_and_a_sane_context_length():
         Engine(EngineConfig(model="sim", cache=CacheConfig(block_size=BS), max_model_len=200),
                runner=runner, tokenizer=TOK)
     engine = Engine(EngineConfig(model="sim", cache=CacheConfig(block_size=BS)), runner=runner, tokenizer=TOK)
-    assert engine.max_model_len == 100 and engine.max_request_tokens == 32
+    assert engine.max_model_len == 32 and engine.max_request_tokens == 32  # capped by the pool
     assert engine.model_name == "sim"
 
 

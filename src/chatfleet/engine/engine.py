@@ -66,11 +66,14 @@ class Engine:
             model_max_len = config.max_model_len
         if model_max_len is None:
             raise ConfigError("cannot tell the model's context length; set max_model_len")
-        self.max_model_len: int = model_max_len
-        self.vocab_size: int = vocab_size or tokenizer.vocab_size
         block_size = getattr(runner, "block_size", config.cache.block_size)
         if block_size != config.cache.block_size:
             raise ConfigError(f"runner block size {block_size} != configured {config.cache.block_size}")
+        if config.max_model_len is None:
+            # Unless asked otherwise, serve no longer a request than the pool can ever hold.
+            model_max_len = min(model_max_len, runner.num_blocks * block_size)
+        self.max_model_len: int = model_max_len
+        self.vocab_size: int = vocab_size or tokenizer.vocab_size
         self.kv = KVManager(
             runner.num_blocks,
             block_size,

@@ -30,6 +30,7 @@ class KVBlocks:
 @dataclass
 class _RequestKV:
     blocks: list[KVBlock] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
     hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in (or found in) the cache
 
@@ -90,10 +91,12 @@ class KVManager:
             self.prefix_cache.record(request.num_tokens, len(hit_blocks) * self.block_size)
         self.pool.touch(hit_blocks)
         new_blocks = self.pool.allocate(num_needed)
-        state.blocks.extend(hit_blocks)
-        state.blocks.extend(new_blocks)
+        added = hit_blocks + new_blocks
+        state.blocks.extend(added)
+        added_ids = [b.block_id for b in added]
+        state.block_ids.extend(added_ids)
         state.num_cached_blocks += len(hit_blocks)
-        return KVBlocks([b.block_id for b in hit_blocks + new_blocks], len(hit_blocks))
+        return KVBlocks(added_ids, len(hit_blocks))
 
     def cache_computed(self, request: Request) -> None:
         """Register the request's full blocks whose KV is now computed."""
@@ -117,7 +120,7 @@ class KVManager:
 
     def block_ids(self, request_id: str) -> list[int]:
         state = self._requests.get(request_id)
-        return [b.block_id for b in state.blocks] if state is not None else []
+        return list(state.block_ids) if state is not None else []
 
     def num_blocks_of(self, request_id: str) -> int:
         state = self._requests.get(request_id)
@@ -139,6 +142,8 @@ class KVManager:
         refs: Counter[int] = Counter()
         for rid, state in self._requests.items():
             ids = [b.block_id for b in state.blocks]
+            if ids != state.block_ids:
+                raise KVIntegrityError(f"request {rid!r}: block id list out of sync with its blocks")
             if len(set(ids)) != len(ids):
                 raise KVIntegrityError(f"request {rid!r} holds a block twice: {ids}")
             refs.update(ids)
