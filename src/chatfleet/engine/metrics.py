@@ -96,7 +96,7 @@ class ServerMetrics:
         self._success = Counter("vllm:request_success", "Finished requests.",
                                 lab + ["finished_reason"], registry=r)
         self._rejected = Counter("chatfleet:requests_rejected",
-                                 "Requests refused with an error status.",
+                                 "Requests the engine refused at admission, by HTTP status.",
                                  lab + ["status"], registry=r)
         self._resets = Counter("chatfleet:prefix_cache_resets", "Calls of /reset_prefix_cache.",
                                lab + ["emptied"], registry=r)

@@ -95,6 +95,12 @@ async def cancel_on_disconnect(request: Request, handler: Awaitable[Response]) -
     return task.result()
 
 
+class EngineUnavailableError(EngineDeadError):
+    """The engine loop is not running: health checks get 503 so routers fail over."""
+
+    status_code = 503
+
+
 class ServerState:
     """What the routes share: the engine, metrics and the names this server answers to."""
 
@@ -212,7 +218,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
     @app.get("/health")
     async def health() -> Response:
         if not engine.is_alive:
-            raise EngineDeadError(f"the engine loop is not running ({engine.dead_error!r})")
+            raise EngineUnavailableError(f"the engine loop is not running ({engine.dead_error!r})")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
