@@ -1,7 +1,8 @@
 """The replica set: health from active checks and passive error counting, down and rejoin.
 
 A replica is down after ``failure_threshold`` consecutive failures, counting failed health
-checks and failed proxied calls alike; one passing health check brings it back (rejoin). Going
+checks and failed proxied calls alike (or at once when its first health check fails); one
+passing health check brings it back (rejoin). Going
 down hands its queued requests back to routing (``on_down``); the hash ring never changes, so a
 dead replica's sessions move to the next replica clockwise and come home when it rejoins.
 """
@@ -42,6 +43,7 @@ class Replica:
     last_error: str | None = None
     last_change: float = field(default_factory=time.monotonic)
     models: tuple[dict, ...] = ()
+    checked: bool = False  # a replica failing its very first health check starts down
     stats: ReplicaStats = field(default_factory=ReplicaStats)
 
 
@@ -112,6 +114,9 @@ class ReplicaSet:
                 self._set_health(replica, True)
         else:
             self.record_failure(url, error or "unhealthy")
+            if not replica.checked and replica.healthy:
+                self._set_health(replica, False)
+        replica.checked = True
         return ok
 
     async def _fetch_models(self, replica: Replica) -> None:

@@ -1,0 +1,67 @@
+"""GatewayConfig validation, YAML profiles and caps read from a sweep result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chatfleet.errors import ConfigError
+from chatfleet.gateway.config import GatewayConfig, ReplicaSpec, load_profile, read_knee
+
+
+def test_replica_urls_are_normalized_and_must_be_distinct():
+    cfg = GatewayConfig(replicas=("localhost:8001/", "http://h:8002/v1", {"url": "h:9", "max_in_flight": 4}))
+    assert [r.url for r in cfg.replicas] == ["http://localhost:8001", "http://h:8002", "http://h:9"]
+    assert cfg.cap_of(cfg.replicas[2]) == 4 and cfg.cap_of(cfg.replicas[0]) is None
+    with pytest.raises(ConfigError, match="distinct"):
+        GatewayConfig(replicas=("h:1", "http://h:1/"))
+    with pytest.raises(ConfigError, match="URL"):
+        ReplicaSpec("ftp://x")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("load_factor", 1.0, "load_factor"),
+    ("max_in_flight", 0, "max_in_flight"),
+    ("queue_size", -1, "queue_size"),
+    ("routing_policy", "nope", "bounded_load"),
+    ("read_timeout_s", 0, "read_timeout_s"),
+    ("api_keys", ("",), "api keys"),
+])
+def test_bad_values_fail_clearly(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        GatewayConfig(**{field: value})
+
+
+def test_profile_sections(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "gateway:\n  max_in_flight: 8\n  replicas: [http://a:1, {url: http://b:2, max_in_flight: 3}]\n"
+        "serve:\n  replicas: 2\nengine:\n  kv_cache_tokens: 4096\n"
+    )
+    profile = load_profile(path)
+    cfg = GatewayConfig.from_dict(profile.gateway)
+    assert [cfg.cap_of(r) for r in cfg.replicas] == [8, 3]
+    assert profile.serve == {"replicas": 2} and profile.engine == {"kv_cache_tokens": 4096}
+
+
+def test_profile_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gatway: {}\n")
+    with pytest.raises(ConfigError, match="unknown section"):
+        load_profile(bad)
+    with pytest.raises(ConfigError, match="unknown gateway setting.*max_inflight"):
+        GatewayConfig.from_dict({"max_inflight": 3})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_profile(tmp_path / "missing.yaml")
+
+
+def test_knee_from_a_sweep_result(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"knee": 24.7, "points": []}))
+    assert read_knee(path) == 24
+    path.write_text(json.dumps({"knee": {"concurrency": 12, "ttft_p99_s": 0.8}}))
+    assert read_knee(path) == 12
+    path.write_text(json.dumps({"points": []}))
+    with pytest.raises(ConfigError, match="knee"):
+        read_knee(path)
