@@ -1,0 +1,49 @@
+"""`chatfleet bench`, `sweep`, `fleet` and `workload` end to end against the scripted server."""
+
+import json
+
+from typer.testing import CliRunner
+
+from chatfleet.cli.main import app
+
+runner = CliRunner()
+
+
+def test_bench_sweep_fleet(scripted, tmp_path):
+    url = scripted("--ttft-ms", "5", "--itl-ms", "2", "--itl-per-stream-ms", "4")
+    r = runner.invoke(app, ["bench", "--url", url, "--level", "2", "--mode", "concurrency", "--duration", "0.5",
+                            "--warmup", "0", "--out", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    assert "goodput" in r.output and json.loads((tmp_path / "b.json").read_text())["kind"] == "bench"
+
+    out, html = tmp_path / "s.json", tmp_path / "s.html"
+    r = runner.invoke(app, ["sweep", "--url", url, "--mode", "concurrency", "--slo", "itl_p50<=30ms", "--start", "4",
+                            "--max", "32", "--duration", "0.6", "--warmup", "0.2", "--peak", "2200",
+                            "--price", "2.5", "--out", str(out), "--html", str(html)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    knee = doc["series"][url]["knee"]
+    assert knee and f"knee: {knee:g}" in r.output and html.read_text().startswith("<!doctype html>")
+    assert doc["fleet"][url]["replicas"] == -(-2200 // knee)
+
+    r = runner.invoke(app, ["fleet", str(out), "--peak", "2200", "--headroom", "0.1"])
+    assert r.exit_code == 0, r.output
+    assert str(-(-2420 // int(knee))) in r.output
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    r = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--slo", "ttft<=1s"])
+    assert r.exit_code == 2 and "cannot parse SLO target" in r.output
+    r = runner.invoke(app, ["bench", "--url", "ftp://x", "--model", "m"])
+    assert r.exit_code == 2 and "server URL" in r.output
+    r = runner.invoke(app, ["fleet", str(tmp_path / "missing.json")])
+    assert r.exit_code == 2 and "cannot read result" in r.output
+
+
+def test_workload_stats_and_export(tmp_path):
+    r = runner.invoke(app, ["workload", "--profile", "cpu-roleplay", "--conversations", "30",
+                            "--export", str(tmp_path / "t.jsonl")])
+    assert r.exit_code == 0, r.output
+    assert "request tokens mean" in r.output
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert len(lines) == 30 and json.loads(lines[0])["messages"][0]["role"] == "system"

@@ -1,0 +1,95 @@
+"""Cache-reset verification, the knee sweep and the report, against the scripted server."""
+
+import asyncio
+import json
+
+import pytest
+
+from chatfleet.bench.client import ClientConfig
+from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.report import load_result, render_html, result_document, sweep_to_dict
+from chatfleet.bench.server_ops import ResetError, ServerControl, parse_metrics
+from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
+from chatfleet.bench.tokens import EstimateCounter
+from chatfleet.bench.workload import Workload, get_profile
+from chatfleet.errors import ConfigError
+
+
+def reset(url, **kw):
+    async def go():
+        c = ServerControl(url, "scripted", **kw)
+        try:
+            return await c.reset_verified()
+        finally:
+            await c.close()
+
+    return asyncio.run(go())
+
+
+def test_working_reset_is_verified_by_usage(scripted):
+    check = reset(scripted())
+    assert check.method == "usage" and check.cached_before > 0 and check.cached_after == 0
+
+
+def test_reset_that_does_not_empty_the_cache_is_detected(scripted):
+    with pytest.raises(ResetError, match="did not empty the cache"):
+        reset(scripted("--broken-reset"))
+
+
+def test_reset_verified_by_metrics_when_usage_lacks_cached_tokens(scripted):
+    url = scripted("--no-cached-usage")
+    assert reset(url).method == "metrics"
+    with pytest.raises(ResetError, match="vllm:prefix_cache_hits"):
+        reset(scripted("--no-cached-usage", "--broken-reset"))
+
+
+def test_sglang_flush_cache_and_unknown_kind(scripted):
+    assert reset(scripted(), kind="sglang").method == "usage"
+    with pytest.raises(ConfigError, match="valid: chatfleet, vllm, sglang, none"):
+        ServerControl("http://127.0.0.1:1", "m", kind="trt")
+
+
+def test_parse_metrics_sums_label_sets():
+    m = parse_metrics('# HELP x\nvllm:prefix_cache_hits_total{model_name="a"} 3\n'
+                      'vllm:prefix_cache_hits_total{model_name="b"} 4.0\nother 1e3\n')
+    assert m == {"vllm:prefix_cache_hits_total": 7.0, "other": 1000.0}
+
+
+def test_sweep_finds_the_knee_of_a_load_dependent_server(scripted):
+    # ITL = 2 ms + 4 ms per stream in flight: ITL p50 <= 30 ms breaks past ~7 streams.
+    url = scripted("--ttft-ms", "5", "--itl-ms", "2", "--itl-per-stream-ms", "4")
+    proto = RunProtocol(url, LoadSpec("concurrency", 1, duration_s=0.8, warmup_s=0.2, drain_timeout_s=10),
+                        parse_slo("itl_p50<=30ms"), repeats=1, base_seed=3)
+    seeds = []
+
+    def make(seed):
+        seeds.append(seed)
+        return Workload(get_profile("cpu-roleplay"), seed, EstimateCounter())
+
+    async def go():
+        b = Bench(proto, ClientConfig("scripted"), make)
+        try:
+            return await sweep(b, SweepSpec(start=2, max_level=64, growth=2.0, resolution=1))
+        finally:
+            await b.close()
+
+    res = asyncio.run(go())
+    levels = [p.level for p in res.points]
+    assert res.knee_reached and res.knee is not None and 5 <= res.knee <= 9, (res.knee, levels)
+    assert res.point(res.knee).passed and not res.point(res.knee + 1).passed  # bisected to resolution 1
+    assert len(set(seeds)) == len(seeds)  # a new seed for every run
+    assert all(r.reset.method == "usage" for p in res.points for r in p.runs)
+
+    doc = result_document("sweep", {"url": url}, {"scripted": sweep_to_dict(res)})
+    text = json.dumps(doc)
+    assert '"records"' in text and '"intended_s"' in text  # raw per-request records are kept
+    html = render_html(json.loads(text))
+    assert html.count("<img") == 4 and f"knee {res.knee:g}" in html
+
+
+def test_load_result_rejects_foreign_json(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"a": 1}')
+    with pytest.raises(ConfigError, match="not a chatfleet bench result"):
+        load_result(p)
