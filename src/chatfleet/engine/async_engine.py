@@ -86,6 +86,11 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def max_request_tokens(self) -> int:
+        """Most prompt + max_tokens one request may hold (context length and KV pool bound)."""
+        return getattr(self.engine, "max_request_tokens", self.engine.max_model_len)
+
+    @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 

@@ -185,7 +185,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         async def handle() -> Response:
             state.check_model(body.model)
             prompt_ids = chat_prompt_ids(tok, body.messages, body.add_generation_prompt)
-            params = chat_sampling_params(body, len(prompt_ids), engine.max_model_len)
+            params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt_ids, params, body.cache_salt)
             if body.stream:
@@ -199,7 +199,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         async def handle() -> Response:
             state.check_model(body.model)
             prompt = completion_prompt(tok, body)
-            params = completion_sampling_params(body, len(prompt.token_ids), engine.max_model_len)
+            params = completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt.token_ids, params, body.cache_salt)
             if body.stream:

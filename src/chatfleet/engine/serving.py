@@ -86,25 +86,27 @@ def _common(req: SamplingFields) -> dict[str, Any]:
     )
 
 
-def _default_max_tokens(prompt_len: int, max_model_len: int) -> int:
-    room = max_model_len - prompt_len
+def _default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
+    """Without max_tokens, a reply may fill what is left of the context (and the KV pool)."""
+    room = max_request_tokens - prompt_len
     if room < 1:
         raise RequestTooLongError(
-            f"the prompt has {prompt_len} tokens; this model's context is {max_model_len} tokens",
+            f"the prompt has {prompt_len} tokens; a request may hold at most {max_request_tokens}"
+            " tokens on this server (context length and KV pool)",
             param="messages",
         )
     return room
 
 
-def chat_sampling_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+def chat_sampling_params(req: ChatCompletionRequest, prompt_len: int, max_request_tokens: int) -> SamplingParams:
     max_tokens = req.requested_max_tokens
     if max_tokens is None:
-        max_tokens = _default_max_tokens(prompt_len, max_model_len)
+        max_tokens = _default_max_tokens(prompt_len, max_request_tokens)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **_common(req))
 
 
-def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_request_tokens: int) -> SamplingParams:
     """max_tokens=0 runs one token that the response drops (scoring a prompt, as vLLM does)."""
     if req.best_of not in (None, 1):
         raise InvalidRequestError("only best_of=1 is supported", param="best_of")
@@ -112,7 +114,7 @@ def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_mode
         raise InvalidRequestError("suffix is not supported", param="suffix")
     max_tokens = req.max_tokens
     if max_tokens is None:
-        max_tokens = _default_max_tokens(prompt_len, max_model_len)
+        max_tokens = _default_max_tokens(prompt_len, max_request_tokens)
     prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
     common = _common(req)
     if max_tokens == 0:

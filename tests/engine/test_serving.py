@@ -1,0 +1,82 @@
+"""OpenAI request -> SamplingParams and engine outputs -> logprob shapes (pure functions)."""
+
+import pytest
+
+from chatfleet.engine.outputs import TokenLogprob
+from chatfleet.engine.serving import (
+    CompletionLogprobsBuilder,
+    TokenText,
+    chat_sampling_params,
+    completion_prompt,
+    completion_sampling_params,
+)
+from chatfleet.errors import InvalidRequestError, RequestTooLongError
+from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+class Tok:
+    vocab_size = 50
+
+    def encode(self, text):
+        return [ord(c) % 50 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) * (1 + i % 2) for i in ids)
+
+
+def chat(**kw):
+    return ChatCompletionRequest.model_validate({"messages": MSG, **kw})
+
+
+def test_chat_params_mapping():
+    p = chat_sampling_params(chat(max_completion_tokens=9, max_tokens=3, temperature=0, top_k=4, seed=7,
+                                  stop="x", stop_token_ids=[5], min_tokens=2, ignore_eos=True,
+                                  logprobs=True, top_logprobs=3), 10, 100)
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed, p.stop, p.stop_token_ids) == (9, 0.0, 4, 7, ("x",), (5,))
+    assert (p.min_tokens, p.ignore_eos, p.logprobs, p.prompt_logprobs) == (2, True, 3, None)
+    assert chat_sampling_params(chat(), 10, 100).logprobs is None
+    assert chat_sampling_params(chat(logprobs=True), 10, 100).logprobs == 0
+
+
+def test_default_max_tokens_fills_what_is_left():
+    assert chat_sampling_params(chat(), 30, 100).max_tokens == 70
+    with pytest.raises(RequestTooLongError):
+        chat_sampling_params(chat(), 100, 100)
+
+
+@pytest.mark.parametrize("kw", [{"n": 2}, {"presence_penalty": 0.5}, {"frequency_penalty": -1.0}])
+def test_unsupported_options_are_400(kw):
+    with pytest.raises(InvalidRequestError) as ei:
+        chat_sampling_params(chat(**kw), 10, 100)
+    assert ei.value.param == next(iter(kw))
+
+
+def test_completion_max_tokens_zero_runs_one_token_and_prompt_logprobs_only_with_echo():
+    req = CompletionRequest.model_validate({"prompt": "ab", "max_tokens": 0, "echo": True, "logprobs": 2, "min_tokens": 0})
+    p = completion_sampling_params(req, 2, 100)
+    assert (p.max_tokens, p.logprobs, p.prompt_logprobs) == (1, 2, 2)
+    req = CompletionRequest.model_validate({"prompt": "ab", "logprobs": 2})
+    assert completion_sampling_params(req, 2, 100).prompt_logprobs is None
+    with pytest.raises(InvalidRequestError):
+        completion_sampling_params(CompletionRequest.model_validate({"prompt": "ab", "best_of": 3}), 2, 100)
+
+
+def test_completion_prompt_forms():
+    tok = Tok()
+    assert completion_prompt(tok, CompletionRequest.model_validate({"prompt": "ab"})).token_ids == [47, 48]
+    ids = completion_prompt(tok, CompletionRequest.model_validate({"prompt": [[1, 2]]}))
+    assert ids.token_ids == [1, 2] and ids.text == "bbc"
+    for prompt in ([1, 99], ["a", "b"], ""):
+        with pytest.raises(InvalidRequestError):
+            completion_prompt(tok, CompletionRequest.model_validate({"prompt": prompt}))
+
+
+def test_completion_logprobs_offsets_and_top():
+    b = CompletionLogprobsBuilder(TokenText(Tok()), k=1)
+    first = b.build([0, 1], [None, TokenLogprob(1, -0.5, [(2, -0.1), (1, -0.5)])])
+    second = b.build([2], [TokenLogprob(2, float("-inf"), [])])
+    assert first.tokens == ["a", "bb"] and first.text_offset == [0, 1] and first.token_logprobs == [None, -0.5]
+    assert first.top_logprobs == [None, {"c": -0.1, "bb": -0.5}]
+    assert second.text_offset == [3] and second.token_logprobs == [-9999.0]
