@@ -7,7 +7,6 @@ and serves it. Routes raise; ``protocol.errors`` turns every error into OpenAI e
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -46,8 +45,6 @@ from chatfleet.protocol.openai import (
     random_id,
 )
 from chatfleet.protocol.sse import MEDIA_TYPE
-
-log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
