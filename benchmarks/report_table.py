@@ -1,0 +1,97 @@
+"""The engine_throughput table: one column per server, ratios against ours, and the targets."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+TARGET_VS_VLLM = 0.8  # ours' output tokens/s at 8 and 32 streams, at least this times vLLM's
+TARGET_VS_HF = 2.0  # ... and at least this times transformers serve's
+TARGET_CACHED_OVER_COLD = 0.2  # cached TTFT at most 1/5 of cold
+TARGET_STREAMS = (8, 32)
+
+
+def _phase(entry: dict, c: int) -> dict | None:
+    for p in entry.get("phases") or []:
+        if p["concurrency"] == c:
+            return p
+    return None
+
+
+def _metric(result: dict, name: str, key: str, c: int | None = None) -> float | None:
+    entry = result["backends"].get(name) or {}
+    if c is None:
+        return (entry.get("prefix") or {}).get(key)
+    p = _phase(entry, c)
+    return None if p is None else p.get(key)
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def print_report(result: dict, console: Console | None = None) -> dict:
+    """Print the table and the target checks; return them as a summary dict for the JSON."""
+    console = console or Console()
+    names = [n for n in ("ours", "vllm", "hf") if n in result["backends"]]
+    levels = sorted({p["concurrency"] for n in names for p in result["backends"][n].get("phases") or []})
+    rows: list[tuple[str, str, int | None, bool]] = []  # (label, key, concurrency, higher is better)
+    for c in levels:
+        rows += [
+            (f"output tok/s @{c}", "output_tokens_per_s", c, True),
+            (f"TTFT p50 ms @{c}", "ttft_p50_ms", c, False),
+            (f"TTFT p99 ms @{c}", "ttft_p99_ms", c, False),
+            (f"ITL mean ms @{c}", "itl_mean_ms", c, False),
+        ]
+    rows += [
+        ("2k TTFT cold ms", "cold_ttft_ms_median", None, False),
+        ("2k TTFT cached ms", "cached_ttft_ms_median", None, False),
+        ("cached / cold", "cached_over_cold", None, False),
+    ]
+    table = Table(title=f"engine_throughput on {result['model']} ({result['settings']['threads']} thread(s), "
+                        f"KV {result['settings']['kv_cache_gib']} GiB, load at start "
+                        f"{result['load_average_at_start'][0]})")
+    table.add_column("metric")
+    for n in names:
+        table.add_column(result["backends"][n].get("label", n), justify="right")
+    if "ours" in names:
+        for other in ("vllm", "hf"):
+            if other in names:
+                table.add_column(f"ours/{other}", justify="right")
+    ratios: dict[str, dict[str, float | None]] = {}
+    for label, key, c, _ in rows:
+        vals = {n: _metric(result, n, key, c) for n in names}
+        digits = 3 if key == "cached_over_cold" else 1
+        cells = [_fmt(vals[n], digits) for n in names]
+        if "ours" in names:
+            for other in ("vllm", "hf"):
+                if other in names:
+                    r = _ratio(vals["ours"], vals[other])
+                    ratios.setdefault(label, {})[f"ours/{other}"] = r
+                    cells.append(_fmt(r, 2) + "x" if r is not None else "-")
+        table.add_row(label, *cells)
+    console.print(table)
+    for name in names:
+        if "error" in result["backends"][name] or "skipped" in result["backends"][name]:
+            console.print(f"[yellow]{name}: {result['backends'][name].get('error') or result['backends'][name]['skipped']}")
+
+    checks = []
+    if "ours" in names:
+        for c in TARGET_STREAMS:
+            ours = _metric(result, "ours", "output_tokens_per_s", c)
+            for other, target in (("vllm", TARGET_VS_VLLM), ("hf", TARGET_VS_HF)):
+                r = _ratio(ours, _metric(result, other, "output_tokens_per_s", c)) if other in names else None
+                if r is not None:
+                    checks.append({"target": f"tok/s @{c} ours/{other} >= {target}", "value": r, "met": r >= target})
+        coc = _metric(result, "ours", "cached_over_cold")
+        if coc is not None:
+            checks.append({"target": f"ours cached/cold TTFT <= {TARGET_CACHED_OVER_COLD}", "value": coc,
+                           "met": coc <= TARGET_CACHED_OVER_COLD})
+    for chk in checks:
+        mark = "[green]met[/green]" if chk["met"] else "[red]MISSED[/red]"
+        console.print(f"  {chk['target']}: {chk['value']}  {mark}")
+    return {"ratios": ratios, "targets": checks}
