@@ -1,9 +1,150 @@
-"""`chatfleet` commands of this group (filled in by its owner)."""
+"""`chatfleet gateway` (front an existing fleet) and `chatfleet serve` (start one, then front it).
+
+Settings come from the GatewayConfig defaults, then a YAML profile (--profile), then flags.
+"""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from chatfleet.errors import ChatfleetError, ConfigError
+from chatfleet.gateway.config import GatewayConfig, Profile, load_profile, read_knee
+
+_G = GatewayConfig()
+
+# Options both commands share (typer needs them spelled out per command).
+_REPLICA = typer.Option(None, "--replica", help="Replica base URL; repeat for several.")
+_PROFILE = typer.Option(None, "--profile", help="YAML profile (sections: gateway, serve, engine).")
+_HOST = typer.Option(None, "--host", help=f"Gateway address (default: {_G.host}).")
+_PORT = typer.Option(None, "--port", help=f"Gateway port (default: {_G.port}).")
+_CAP = typer.Option(None, "--max-in-flight", help="Per-replica in-flight cap (default: none).")
+_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON: cap = its top-level 'knee'.")
+_QUEUE = typer.Option(None, "--queue-size", help=f"Requests that may wait (default: {_G.queue_size}).")
+_WAIT = typer.Option(None, "--max-queue-wait", help=f"Seconds a request may wait (default: {_G.max_queue_wait_s:g}).")
+_KEYS = typer.Option(None, "--api-key", envvar="CHATFLEET_API_KEYS",
+                     help="Accepted Bearer key; repeat, or comma-separate in CHATFLEET_API_KEYS.")
+_HEADER = typer.Option(None, "--session-header", help=f"Session-id header (default: {_G.session_header}).")
+_POLICY = typer.Option(None, "--routing-policy", help=f"Routing policy (default: {_G.routing_policy}).")
+_LOG = typer.Option(None, "--log-level", help=f"Log level (default: {_G.log_level}).")
+
+
+def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: dict[str, Any],
+                         caps_from: Path | None) -> GatewayConfig:
+    """Defaults < profile < flags. ``replicas`` from flags replace the profile's list."""
+    settings = dict(profile.gateway)
+    if replicas:
+        settings["replicas"] = tuple(replicas)
+    settings.update({k: v for k, v in flags.items() if v is not None})
+    if "api_keys" in settings:
+        keys = settings["api_keys"]
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        settings["api_keys"] = tuple(k.strip() for key in keys for k in key.split(",") if k.strip())
+    if caps_from is not None:
+        if flags.get("max_in_flight") is not None:
+            raise ConfigError("give either --max-in-flight or --caps-from, not both")
+        settings["max_in_flight"] = read_knee(caps_from)
+    return GatewayConfig.from_dict(settings)
+
+
+def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
+           routing_policy, log_level) -> dict[str, Any]:
+    return {"host": host, "port": port, "max_in_flight": max_in_flight, "queue_size": queue_size,
+            "max_queue_wait_s": max_queue_wait, "api_keys": api_key or None,
+            "session_header": session_header, "routing_policy": routing_policy, "log_level": log_level}
+
+
+def _fail(err: ChatfleetError) -> None:
+    typer.echo(f"error: {err.message}", err=True)
+    raise typer.Exit(2)
+
+
+def gateway(
+    replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
+    port: int | None = _PORT, max_in_flight: int | None = _CAP, caps_from: Path | None = _CAPS_FROM,
+    queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
+    api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
+    routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
+) -> None:
+    """OpenAI-compatible gateway over running replicas (built-in engine, vLLM, SGLang, ...)."""
+    from chatfleet.gateway.app import run_gateway
+
+    try:
+        prof = load_profile(profile) if profile else Profile()
+        config = build_gateway_config(prof, replica, _flags(
+            host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
+            routing_policy, log_level), caps_from)
+        if not config.replicas:
+            raise ConfigError("no replicas: give --replica URL (repeatable) or a profile's gateway.replicas")
+    except ChatfleetError as err:
+        _fail(err)
+    run_gateway(config)
+
+
+def serve(
+    replicas: int | None = typer.Option(None, "--replicas", help="Engine processes to start (default: 2, or 0 with --replica)."),
+    model: str | None = typer.Option(None, "--model", help="tiny, small, or a local HF folder (default: tiny)."),
+    threads_per_replica: int | None = typer.Option(None, "--threads-per-replica", help="torch threads each (default: cores / replicas)."),
+    engine_port_base: int | None = typer.Option(None, "--engine-port-base", help="First engine port (default: free ports)."),
+    engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help="Extra `chatfleet engine` flag, e.g. --engine-arg=--kv-cache-tokens=8192."),
+    replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
+    port: int | None = _PORT, max_in_flight: int | None = _CAP, caps_from: Path | None = _CAPS_FROM,
+    queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
+    api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
+    routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
+) -> None:
+    """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
+    from chatfleet.gateway.app import run_gateway
+    from chatfleet.gateway.fleet import Fleet, FleetConfig
+
+    try:
+        prof = load_profile(profile) if profile else Profile()
+        settings = dict(prof.serve)
+        unknown = sorted(set(settings) - {"replicas", "model", "threads_per_replica", "base_port",
+                                          "startup_timeout_s", "stop_timeout_s"})
+        if unknown:
+            raise ConfigError(f"unknown serve setting(s) {unknown} in the profile")
+        given = {"replicas": replicas, "model": model, "threads_per_replica": threads_per_replica,
+                 "base_port": engine_port_base}
+        settings.update({k: v for k, v in given.items() if v is not None})
+        if replica and replicas is None:
+            settings["replicas"] = 0
+        settings["engine_args"] = FleetConfig.engine_flags(prof.engine) + tuple(engine_arg or ())
+        fleet_config = FleetConfig(**settings)
+        gateway_config = build_gateway_config(prof, replica, _flags(
+            host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
+            routing_policy, log_level), caps_from)
+        if fleet_config.replicas == 0 and not gateway_config.replicas:
+            raise ConfigError("nothing to serve: --replicas 0 and no --replica URL")
+    except ChatfleetError as err:
+        _fail(err)
+
+    def interrupt(signum, frame):  # SIGTERM ends `serve` like Ctrl-C: engines stop in `finally`
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    fleet = Fleet(fleet_config)
+    try:
+        urls = fleet.start()
+        if urls:
+            typer.echo(f"engines ready: {' '.join(urls)}", err=True)
+        # uvicorn stops on SIGINT/SIGTERM, then re-raises the signal into the handlers found
+        # here, so both end up as KeyboardInterrupt and the engines stop below.
+        attached = [spec.url for spec in gateway_config.replicas]
+        run_gateway(gateway_config.replace(replicas=tuple(urls) + tuple(attached)))
+    except KeyboardInterrupt:
+        pass
+    except ChatfleetError as err:
+        _fail(err)
+    finally:
+        fleet.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this group's commands to `app`."""
+    """Add the `gateway` and `serve` commands to `app`."""
+    app.command("gateway")(gateway)
+    app.command("serve")(serve)

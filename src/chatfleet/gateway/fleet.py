@@ -1,0 +1,158 @@
+"""A local fleet for `chatfleet serve`: N `chatfleet engine` processes on one machine.
+
+Each engine gets its own port and an equal share of the CPU cores as torch threads; the fleet
+waits for every ``/health`` before the gateway starts, and stops them all (SIGTERM, then SIGKILL
+after a grace period) however the gateway ends. On Linux the engines also die with the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from chatfleet.errors import ChatfleetError, ConfigError
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    replicas: int = 2  # engine processes to start
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    base_port: int | None = None  # engines on base_port, base_port+1, ...; None: free ports
+    threads_per_replica: int | None = None  # None: the machine's cores split evenly
+    startup_timeout_s: float = 600.0
+    stop_timeout_s: float = 15.0
+    engine_args: tuple[str, ...] = ()  # extra `chatfleet engine` flags
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ConfigError("replicas must be >= 0")
+        if self.base_port is not None and not 0 < self.base_port < 65536 - self.replicas:
+            raise ConfigError(f"base_port {self.base_port} leaves no room for {self.replicas} engines")
+        if self.threads_per_replica is not None and self.threads_per_replica < 1:
+            raise ConfigError("threads_per_replica must be >= 1")
+        if self.startup_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ConfigError("timeouts must be > 0")
+        reserved = {"--model", "--port", "--host", "--threads"}
+        clash = sorted(a.split("=")[0] for a in self.engine_args if a.split("=")[0] in reserved)
+        if clash:
+            raise ConfigError(f"engine args {clash} are set by the fleet; use its own options")
+
+    def threads(self) -> int:
+        if self.threads_per_replica is not None:
+            return self.threads_per_replica
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, cores // max(1, self.replicas))
+
+    @staticmethod
+    def engine_flags(section: dict[str, Any]) -> tuple[str, ...]:
+        """A profile's ``engine:`` mapping as flags: {kv_cache_tokens: 4096} -> --kv-cache-tokens 4096."""
+        flags: list[str] = []
+        for key, value in section.items():
+            flag = "--" + str(key).replace("_", "-")
+            if value is True:
+                flags.append(flag)
+            elif value is not False and value is not None:
+                flags += [flag, str(value)]
+        return tuple(flags)
+
+
+class FleetError(ChatfleetError):
+    """An engine process of the fleet failed to start."""
+
+    error_type = "fleet_error"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Fleet:
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self.processes: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+
+    def command(self, port: int) -> list[str]:
+        cfg = self.config
+        return [sys.executable, "-m", "chatfleet.cli.main", "engine", "--model", cfg.model,
+                "--host", cfg.host, "--port", str(port), "--threads", str(cfg.threads()),
+                "--log-level", "warning", *cfg.engine_args]  # later flags win
+
+    def start(self) -> list[str]:
+        """Start the engines and wait until each answers /health; returns their URLs."""
+        cfg = self.config
+        threads = str(cfg.threads())
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
+        try:
+            for i in range(cfg.replicas):
+                port = cfg.base_port + i if cfg.base_port is not None else free_port(cfg.host)
+                proc = subprocess.Popen(
+                    self.command(port), env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
+                self.processes.append(proc)
+                self.urls.append(f"http://{cfg.host}:{port}")
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return list(self.urls)
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        pending = dict(zip(self.urls, self.processes))
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while pending:
+                for url, proc in list(pending.items()):
+                    if proc.poll() is not None:
+                        raise FleetError(f"engine {url} exited with code {proc.returncode} while starting")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(url + "/health").status_code == 200:
+                            del pending[url]
+                if pending and time.monotonic() > deadline:
+                    raise FleetError(f"engines {sorted(pending)} not healthy after "
+                                     f"{self.config.startup_timeout_s:g} s")
+                if pending:
+                    time.sleep(0.25)
+
+    def stop(self) -> None:
+        """SIGTERM every engine, SIGKILL those still alive after the grace period."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        for proc in self.processes:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> Fleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
