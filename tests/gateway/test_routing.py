@@ -71,22 +71,38 @@ def test_one_hot_session_spills_at_the_bound():
 @settings(max_examples=200, deadline=None)
 @given(key=st.text(min_size=1, max_size=20),
        loads=st.lists(st.integers(0, 50), min_size=4, max_size=4),
-       down=st.sets(st.integers(0, 3), max_size=3))
-def test_bounded_load_rule(key, loads, down):
+       down=st.sets(st.integers(0, 3), max_size=3),
+       full=st.sets(st.integers(0, 3), max_size=4))
+def test_bounded_load_rule(key, loads, down, full):
     policy = make_routing_policy("bounded_load", REPLICAS, load_factor=1.25)
     load_of = dict(zip(REPLICAS, loads))
     candidates = [r for i, r in enumerate(REPLICAS) if i not in down]
-    decision = policy.route(key, candidates, load_of)
+    full_set = {REPLICAS[i] for i in full}
+    decision = policy.route(key, candidates, load_of, full_set)
     bound = math.ceil(1.25 * (sum(load_of[c] for c in candidates) + 1) / len(candidates))
-    assert decision.replica in candidates
-    assert load_of[decision.replica] < bound
+    open_ = [c for c in candidates if c not in full_set] or candidates
+    assert decision.replica in open_
     home = HashRing(REPLICAS).home(key)
     assert decision.home == home
-    if home in candidates and load_of[home] < bound:
+    if all(load_of[c] >= bound for c in open_):  # only replicas over the bound have room
+        assert load_of[decision.replica] == min(load_of[c] for c in open_)
+        return
+    assert load_of[decision.replica] < bound
+    if home in open_ and load_of[home] < bound:
         assert decision.replica == home and decision.affinity is Affinity.KEPT
     else:
         assert decision.affinity is Affinity.BROKEN
-        assert decision.reason == ("home_down" if home not in candidates else "over_bound")
+        expected = ("home_down" if home not in candidates else
+                    "home_full" if home not in open_ else "over_bound")
+        assert decision.reason == expected
+
+
+def test_a_full_home_is_passed_over_only_while_another_replica_has_room():
+    policy = make_routing_policy("bounded_load", REPLICAS)
+    home = HashRing(REPLICAS).home("k")
+    spill = policy.route("k", REPLICAS, {}, full={home})
+    assert spill.replica != home and spill.reason == "home_full"
+    assert policy.route("k", REPLICAS, {}, full=set(REPLICAS)).replica == home  # all full: queue at home
 
 
 def test_keyless_requests_go_to_the_least_loaded():

@@ -84,6 +84,11 @@ class AdmissionController:
         s = self._slots[replica]
         return s.in_flight + s.queued
 
+    def is_full(self, replica: str) -> bool:
+        """No slot free right now (or others already wait for one)."""
+        s = self._slots[replica]
+        return s.in_flight >= s.cap or s.queued > 0
+
     def loads(self) -> dict[str, int]:
         return {r: s.in_flight + s.queued for r, s in self._slots.items()}
 

@@ -124,7 +124,8 @@ class ProxyResponse:
             candidates = [url for url in gw.replicas.healthy() if url not in tried]
             if not candidates or self.attempts > gw.config.max_retries:
                 return await self._give_up(send, last, tried)
-            decision = gw.router.route(call.session.key, candidates, gw.admission.loads())
+            full = [url for url in candidates if gw.admission.is_full(url)]
+            decision = gw.router.route(call.session.key, candidates, gw.admission.loads(), full)
             admission = await gw.admission.admit(decision.replica, priority, deadline)
             self.queue_wait += admission.waited_s
             if admission.outcome is Outcome.REROUTE:

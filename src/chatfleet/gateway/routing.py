@@ -3,7 +3,8 @@
 The default, ``bounded_load``, is consistent hashing with bounded loads (Mirrokni, Thorup and
 Zadimoghaddam, 2018): every replica owns many points on a hash ring; a session goes to the first
 replica clockwise from its key that is healthy and whose load is under
-``ceil(c * (total load + 1) / healthy replicas)``. Hashes come from hashlib, so every gateway
+``ceil(c * (total load + 1) / healthy replicas)``; a replica at its admission cap counts as
+over its bound while another has a free slot. Hashes come from hashlib, so every gateway
 process with the same replica list builds the same ring and places a session the same way without
 shared state. A session's *home* is the first replica clockwise among all replicas; serving it
 anywhere else breaks its affinity (its KV cache is on the home replica).
@@ -16,7 +17,7 @@ import enum
 import hashlib
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,7 +26,7 @@ from chatfleet.errors import ConfigError
 
 class Affinity(str, enum.Enum):
     KEPT = "kept"  # served by its home replica
-    BROKEN = "broken"  # home replica down or over its bound
+    BROKEN = "broken"  # home replica down, full, or over its load bound
     NONE = "none"  # the request has no session key
 
 
@@ -34,7 +35,7 @@ class RoutingDecision:
     replica: str
     home: str | None
     affinity: Affinity
-    reason: str  # "home", "over_bound", "home_down", "no_key", "least_loaded"
+    reason: str  # "home", "over_bound", "home_full", "home_down", "no_key", "least_loaded"
 
 
 def ring_hash(text: str) -> int:
@@ -72,8 +73,12 @@ class HashRing:
 class RoutingPolicy(Protocol):
     name: str
 
-    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
-        """Pick one of ``candidates`` (healthy, not yet tried; never empty)."""
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int],
+              full: Collection[str] = ()) -> RoutingDecision:
+        """Pick one of ``candidates`` (healthy, not yet tried; never empty).
+
+        ``full`` candidates (at their admission cap) are passed over while any other is open.
+        """
 
 
 class _RingPolicy:
@@ -87,10 +92,12 @@ class _RingPolicy:
     def bound(self, candidates: Sequence[str], loads: Mapping[str, int]) -> float:
         return math.inf
 
-    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int],
+              full: Collection[str] = ()) -> RoutingDecision:
+        open_ = [c for c in candidates if c not in full] or list(candidates)
         if key is None:
-            return _least_loaded(candidates, loads, self._rr, reason="no_key")
-        allowed = set(candidates)
+            return _least_loaded(open_, loads, self._rr, reason="no_key")
+        allowed = set(open_)
         bound = self.bound(candidates, loads)
         home: str | None = None
         for replica in self.ring.preference(key):
@@ -98,10 +105,11 @@ class _RingPolicy:
             if replica in allowed and loads.get(replica, 0) < bound:
                 if replica == home:
                     return RoutingDecision(replica, home, Affinity.KEPT, "home")
-                reason = "home_down" if home not in allowed else "over_bound"
+                reason = ("home_down" if home not in candidates else
+                          "home_full" if home not in allowed else "over_bound")
                 return RoutingDecision(replica, home, Affinity.BROKEN, reason)
         # Unreachable while some candidate is on the ring and under the bound; be safe anyway.
-        return _least_loaded(candidates, loads, self._rr, reason="over_bound", home=home)
+        return _least_loaded(open_, loads, self._rr, reason="over_bound", home=home)
 
 
 class BoundedLoadPolicy(_RingPolicy):
@@ -120,8 +128,10 @@ class LeastLoadedPolicy:
     def __init__(self, replicas: Sequence[str], virtual_nodes: int, load_factor: float) -> None:
         self._rr = itertools.count()
 
-    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int]) -> RoutingDecision:
-        return _least_loaded(candidates, loads, self._rr, reason="least_loaded")
+    def route(self, key: str | None, candidates: Sequence[str], loads: Mapping[str, int],
+              full: Collection[str] = ()) -> RoutingDecision:
+        open_ = [c for c in candidates if c not in full] or list(candidates)
+        return _least_loaded(open_, loads, self._rr, reason="least_loaded")
 
 
 def _least_loaded(candidates: Sequence[str], loads: Mapping[str, int], rr: Iterator[int], *,
