@@ -108,6 +108,12 @@ class ServerControl:
         if r.status_code != 200:
             hint = " (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)" if self.kind == "vllm" else ""
             raise ResetError(f"prefix-cache reset {path} answered HTTP {r.status_code}{hint}: {r.text[:300]}")
+        try:
+            body = r.json()
+        except ValueError:
+            return
+        if isinstance(body, dict) and (body.get("success") is False or body.get("prefix_cache_empty") is False):
+            raise ResetError(f"prefix-cache reset {path} did not empty the cache: {r.text[:300]}")
 
     async def reset_verified(self, verify: bool = True) -> ResetCheck:
         """Reset the prefix cache and prove it is empty; raises ResetError otherwise."""
