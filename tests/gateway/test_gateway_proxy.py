@@ -207,7 +207,8 @@ def test_client_disconnect_closes_the_upstream_stream(fakes, gateways):
     with gw.client() as client, client.stream(
         "POST", "/v1/chat/completions", json=chat_body(stream=True, max_tokens=50)
     ) as response:
-        next(line for line in response.iter_lines() if line)
+        lines = response.iter_lines()  # (kept referenced: a dropped iterator closes the response)
+        next(line for line in lines if line)
         assert gw.gateway.admission.in_flight(fake.url) == 1
     wait_for(lambda: fake.replica.stats.disconnected == 1, what="replica to see the disconnect")
     assert fake.replica.stats.active == 0

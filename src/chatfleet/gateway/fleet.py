@@ -101,6 +101,10 @@ class Fleet:
     def start(self) -> list[str]:
         """Start the engines and wait until each answers /health; returns their URLs."""
         cfg = self.config
+        if cfg.replicas:  # build a built-in model once here, not N times in the engines
+            from chatfleet.models.tiny import resolve_model
+
+            resolve_model(cfg.model)
         threads = str(cfg.threads())
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
         try:
