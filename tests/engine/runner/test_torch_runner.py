@@ -83,7 +83,7 @@ def test_runner_protocol_and_kv_size(loaded):
     cfg = loaded.config
     assert kv_bytes_per_token(cfg, "float32") == cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
     assert kv_bytes_per_token(cfg, torch.bfloat16) == kv_bytes_per_token(cfg, "float32") // 2
-    assert runner.kv_caches[0].key.shape == (NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    assert runner.kv_caches[0].key.shape == (cfg.num_kv_heads, NUM_BLOCKS, BLOCK, cfg.head_dim)
 
 
 def test_greedy_batched_chunked_equals_plain(loaded):

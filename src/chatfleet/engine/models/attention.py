@@ -1,12 +1,14 @@
 """Paged attention over a block-structured KV cache.
 
 Each layer owns one ``KVCache``: ``key`` and ``value`` tensors of shape
-``[num_blocks, block_size, num_kv_heads, head_dim]``. A token at position ``p`` of a request
-lives in slot ``block_table[p // block_size] * block_size + p % block_size``.
+``[num_kv_heads, num_blocks, block_size, head_dim]``. A token at position ``p`` of a request
+lives in slot ``block_table[p // block_size] * block_size + p % block_size`` of every head.
+Heads come first so that gathering a batch's blocks yields ``[num_kv_heads * batch, tokens,
+head_dim]`` directly, ready for batched matmuls without another copy.
 
 The runner orders a step's tokens as: single-token queries first (decodes, one per sequence),
-then multi-token chunks (prefill). Decodes run as one padded gather plus one SDPA call; each
-multi-token chunk runs one SDPA call over its sequence's cached keys with a causal offset.
+then multi-token chunks (prefill). Decodes run as one padded gather plus two batched matmuls;
+each multi-token chunk runs one SDPA call over its sequence's cached keys with a causal offset.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 
 @dataclass
 class KVCache:
-    """One layer's paged cache; ``key``/``value``: [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """One layer's paged cache; ``key``/``value``: [num_kv_heads, num_blocks, block_size, head_dim]."""
 
     key: torch.Tensor
     value: torch.Tensor
@@ -27,9 +29,27 @@ class KVCache:
     @classmethod
     def allocate(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        shape = (num_kv_heads, num_blocks, block_size, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device))
+
+
+class Workspace:
+    """Grow-only scratch memory for gathered keys/values, reused by every layer and step."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        numel = 1
+        for n in shape:
+            numel *= n
+        key = (name, dtype, device)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 2 * buf.numel() if buf is not None else 0), dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:numel].view(shape)
 
 
 @dataclass
@@ -56,8 +76,20 @@ class AttentionMetadata:
     num_decodes: int = 0  # tokens [0, num_decodes) are single-token queries, one sequence each
     decode_block_ids: torch.Tensor | None = None  # [num_decodes * max_blocks] long, row-major, padded
     decode_max_blocks: int = 0
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_mask: torch.Tensor | None = None  # [num_decodes, max_blocks * block_size] bool, True: attend
     chunks: list[ChunkSpan] = field(default_factory=list)
+    workspace: Workspace | None = None  # reusable gather buffers (saves page faults per layer)
+    _decode_bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def decode_bias(self, num_kv_heads: int) -> torch.Tensor:
+        """Additive float32 mask [num_kv_heads * num_decodes, 1, span] (0 or -inf), built once per step."""
+        bias = self._decode_bias.get(num_kv_heads)
+        if bias is None:
+            assert self.decode_mask is not None
+            zeros = torch.zeros(self.decode_mask.shape, dtype=torch.float32, device=self.decode_mask.device)
+            bias = zeros.masked_fill_(~self.decode_mask, float("-inf")).repeat(num_kv_heads, 1).unsqueeze(1)
+            self._decode_bias[num_kv_heads] = bias
+        return bias
 
 
 def build_attention_metadata(
@@ -91,7 +123,7 @@ def build_attention_metadata(
         decode_block_ids = torch.tensor(flat, dtype=torch.long, device=device)
         lens = torch.tensor(decode_context_lens, dtype=torch.long, device=device)
         span = torch.arange(max_blocks * block_size, device=device)
-        decode_mask = (span[None, :] < lens[:, None])[:, None, None, :]
+        decode_mask = span[None, :] < lens[:, None]
 
     chunks: list[ChunkSpan] = []
     query_start = num_decodes
@@ -128,38 +160,63 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out.transpose(0, 1)
 
 
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None,
+            name: str) -> torch.Tensor:
+    """cache[:, block_ids] -> [Hkv, len(block_ids), block, D], into the workspace when given."""
+    if workspace is None:
+        return cache.index_select(1, block_ids)
+    shape = (cache.shape[0], block_ids.numel(), cache.shape[2], cache.shape[3])
+    out = workspace.get(name, shape, cache.dtype, cache.device)
+    return torch.index_select(cache, 1, block_ids, out=out)
+
+
+def _decode_attention(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Single-token queries q: [d, Hq, D], one per sequence -> [d, Hq, D]."""
+    num_kv_heads, _, block_size, head_dim = cache.key.shape
+    d, num_heads, _ = q.shape
+    group = num_heads // num_kv_heads
+    span = meta.decode_max_blocks * block_size
+    assert meta.decode_block_ids is not None
+    # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
+    k = _gather(cache.key, meta.decode_block_ids, meta.workspace, "k").view(num_kv_heads * d, span, head_dim)
+    v = _gather(cache.value, meta.decode_block_ids, meta.workspace, "v").view(num_kv_heads * d, span, head_dim)
+    # q heads h * group .. h * group + group - 1 share kv head h.
+    qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
+    bias = meta.decode_bias(num_kv_heads)
+    if q.dtype == torch.float32:
+        scores = torch.baddbmm(bias, qg, k.transpose(1, 2), alpha=scale)
+    else:  # low-precision inputs: softmax in float32
+        scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    out = torch.bmm(probs, v)  # [Hkv * d, group, D]
+    return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Write the step's new k/v into the cache, then attend. q: [T, Hq, D]; k, v: [T, Hkv, D]."""
-    num_blocks, block_size, num_kv_heads, head_dim = cache.key.shape
-    flat_k = cache.key.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_v = cache.value.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_k.index_copy_(0, meta.slot_mapping, k)
-    flat_v.index_copy_(0, meta.slot_mapping, v)
+    num_kv_heads, num_blocks, block_size, head_dim = cache.key.shape
+    flat_k = cache.key.view(num_kv_heads, num_blocks * block_size, head_dim)
+    flat_v = cache.value.view(num_kv_heads, num_blocks * block_size, head_dim)
+    flat_k.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    flat_v.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
 
-    out = torch.empty_like(q)
     d = meta.num_decodes
+    if not meta.chunks:
+        return _decode_attention(q, cache, meta, scale)
+    out = torch.empty_like(q)
     if d:
-        span = meta.decode_max_blocks * block_size
-        kd = cache.key.index_select(0, meta.decode_block_ids).view(d, span, num_kv_heads, head_dim)
-        vd = cache.value.index_select(0, meta.decode_block_ids).view(d, span, num_kv_heads, head_dim)
-        od = F.scaled_dot_product_attention(
-            q[:d].unsqueeze(2),  # [d, Hq, 1, D]
-            kd.transpose(1, 2), vd.transpose(1, 2),  # [d, Hkv, span, D]
-            attn_mask=meta.decode_mask, scale=scale, enable_gqa=True,
-        )
-        out[:d] = od.squeeze(2)
+        out[:d] = _decode_attention(q[:d], cache, meta, scale)
     for c in meta.chunks:
         qs = slice(c.query_start, c.query_start + c.query_len)
         if c.start_position == 0:  # nothing cached before: attend over the chunk itself
             out[qs] = causal_attention(q[qs], k[qs], v[qs], scale)
             continue
         ctx = c.context_len
-        kc = cache.key.index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:ctx]
-        vc = cache.value.index_select(0, c.block_ids).view(-1, num_kv_heads, head_dim)[:ctx]
+        kc = cache.key.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
+        vc = cache.value.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
         oc = F.scaled_dot_product_attention(
-            q[qs].transpose(0, 1), kc.transpose(0, 1), vc.transpose(0, 1),
-            attn_mask=c.causal_mask, scale=scale, enable_gqa=True,
+            q[qs].transpose(0, 1), kc, vc, attn_mask=c.causal_mask, scale=scale, enable_gqa=True,
         )
         out[qs] = oc.transpose(0, 1)
     return out

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chatfleet.engine.models.attention import KVCache, build_attention_metadata
+from chatfleet.engine.models.attention import KVCache, Workspace, build_attention_metadata
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
@@ -47,6 +47,7 @@ class TorchRunner:
         ]
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
         self._generators: dict[str, torch.Generator] = {}
+        self._workspace = Workspace()
         self._pending_prompt: dict[str, _PendingPromptRow] = {}
 
     @property
@@ -109,6 +110,7 @@ class TorchRunner:
             chunk_block_tables=[c.block_table for c in prefills],
             device=self.device,
         )
+        meta.workspace = self._workspace
 
         # Rows of the hidden states that need logits: last token of sampling chunks, and every
         # token of chunks that want prompt logprobs.
