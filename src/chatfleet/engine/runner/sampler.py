@@ -1,8 +1,8 @@
 """Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
 
-Each sampled row draws its randomness from its own ``torch.Generator`` when it has one (an
-exponential race: ``argmax(probs / Exp(1))`` is a draw from ``probs``), so a seeded request
-samples the same tokens whatever else is in the batch. Logprobs are ``log_softmax`` of the raw
+Each sampled row draws its randomness from its own ``torch.Generator`` when it has one
+(Gumbel-max: ``argmax(logits + Gumbel noise)`` is a draw from ``softmax(logits)``), so a seeded
+request samples the same tokens whatever else is in the batch. Logprobs are ``log_softmax`` of the raw
 logits (the model's distribution, before temperature, top-k/p or masking), as vLLM reports them.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from chatfleet.engine.outputs import SampledToken, TokenLogprob
@@ -46,20 +47,31 @@ def top_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], ks: Sequence[
     ]
 
 
+def _argsort(x: torch.Tensor) -> torch.Tensor:
+    """Ascending order along the last dim (numpy on CPU: several times faster than torch.sort)."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.argsort(x.numpy(), axis=-1))
+    return x.argsort(dim=-1)
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
                       top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask (to -inf) tokens outside each row's top-k / nucleus; k = vocab and p = 1 disable."""
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    """Mask (to -inf, in place) tokens outside each row's top-k / nucleus; k = vocab and p = 1 disable."""
     vocab = logits.shape[-1]
+    if top_p is None:
+        assert top_k is not None
+        kth = logits.topk(int(top_k.max()), dim=-1).values.gather(1, (top_k - 1).unsqueeze(1))
+        return logits.masked_fill_(logits < kth, float("-inf"))
+    order = _argsort(logits)
+    sorted_logits = logits.gather(1, order)
     if top_k is not None:
         kth = sorted_logits.gather(1, (vocab - top_k).clamp(0, vocab - 1).unsqueeze(1))
         sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    if top_p is not None:
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1.0 - top_p).unsqueeze(1)
-        drop[:, -1] = False  # always keep the most likely token
-        sorted_logits.masked_fill_(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1.0 - top_p).unsqueeze(1)
+    drop[:, -1] = False  # always keep the most likely token
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return logits.scatter_(1, order, sorted_logits)
 
 
 class Sampler:
@@ -131,10 +143,10 @@ class Sampler:
                                  dtype=torch.long, device=device) if use_k else None
             top_p = torch.tensor([r.params.top_p for r in rows], dtype=sub.dtype, device=device) if use_p else None
             sub = apply_top_k_top_p(sub, top_k, top_p)
-        probs = sub.softmax(dim=-1)
-        race = torch.empty_like(probs).exponential_(generator=self.generator)
+        # Gumbel-max: argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).
+        noise = torch.empty_like(sub).uniform_(generator=self.generator)
         for j, r in enumerate(rows):
             if r.generator is not None:
-                race[j].exponential_(generator=r.generator)
-        # An exact 0 draw would turn a zero probability into NaN (which argmax picks).
-        return probs.div_(race.clamp_min_(1e-20)).argmax(dim=-1)
+                noise[j].uniform_(generator=r.generator)
+        # u = 0 gives -inf noise (never picked); -log(-log(u)) is finite for u in (0, 1).
+        return sub.add_(noise.log_().neg_().log_().neg_()).argmax(dim=-1)
