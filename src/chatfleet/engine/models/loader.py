@@ -150,9 +150,9 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
     cfg = read_config(folder)
     torch_dtype = resolve_dtype(dtype)
     dev = torch.device(device)
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(cfg)
-    model = model.to_empty(device=dev).to(torch_dtype)
+    with torch.device("meta"):  # no memory, no init: set the dtype first, then place
+        model = Qwen3ForCausalLM(cfg).to(torch_dtype)
+    model = model.to_empty(device=dev)
     load_weights(model, folder)
     model.eval().requires_grad_(False)
     model.init_rotary()
