@@ -59,6 +59,15 @@ class TorchRunner:
         return self._block_size
 
     @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary (valid token ids are 0 .. vocab_size - 1)."""
+        return self.config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.loaded.max_model_len
+
+    @property
     def num_request_states(self) -> int:
         """Requests with live per-request state (for leak checks)."""
         return len(set(self._generators) | set(self._pending_prompt))
