@@ -153,11 +153,12 @@ def build_attention_metadata(
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Plain causal attention of one sequence. q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]."""
+    # 4-D inputs (batch of one) take the fused CPU kernel; 3-D ones fall back to the math path.
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         is_causal=True, scale=scale, enable_gqa=True,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None,
@@ -216,7 +217,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         kc = cache.key.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
         vc = cache.value.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
         oc = F.scaled_dot_product_attention(
-            q[qs].transpose(0, 1), kc, vc, attn_mask=c.causal_mask, scale=scale, enable_gqa=True,
+            q[qs].transpose(0, 1)[None], kc[None], vc[None], attn_mask=c.causal_mask, scale=scale,
+            enable_gqa=True,
         )
-        out[qs] = oc.transpose(0, 1)
+        out[qs] = oc[0].transpose(0, 1)
     return out
