@@ -168,3 +168,14 @@ def test_short_block_table_is_rejected(loaded):
     c = ScheduledChunk("x", list(range(3, 20)), 0, [0], True, GREEDY, 0)
     with pytest.raises(ValueError, match="cannot hold 17 tokens"):
         runner.execute(SchedulerOutput(chunks=[c]))
+
+
+def test_bfloat16_runner_runs(loaded):
+    bf16 = load_model(loaded.path, dtype="bfloat16")
+    runner = TorchRunner(bf16, NUM_BLOCKS, BLOCK)
+    assert runner.kv_caches[0].key.dtype == torch.bfloat16
+    params = SamplingParams(max_tokens=4, temperature=0.7, top_k=20, seed=1, logprobs=1)
+    reqs = _drive(runner, _prompts(3, seed=6), params, chunk=16)
+    for r in reqs:
+        assert len(r["out"]) == 4 and all(0 <= t < bf16.config.vocab_size for t in r["out"])
+        assert all(lp is not None and lp.logprob <= 0 for lp in r["lps"])
