@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-import httpx
+import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
@@ -61,24 +61,28 @@ class Gateway:
                                           virtual_nodes=config.virtual_nodes,
                                           load_factor=config.load_factor)
         self.metrics = GatewayMetrics(self.replicas, self.admission)
-        self.clients: dict[str, httpx.AsyncClient] = {}
+        self.sessions: dict[str, aiohttp.ClientSession] = {}
         self._session_header = config.session_header.lower()
 
     async def start(self) -> None:
+        """Open one upstream connection pool per replica (aiohttp: it stays fast with thousands
+        of open streams, where httpx's pool slows down), then start health checks."""
         cfg = self.config
-        timeout = httpx.Timeout(connect=cfg.connect_timeout_s, read=cfg.read_timeout_s,
-                                write=cfg.write_timeout_s, pool=cfg.pool_timeout_s)
-        limits = httpx.Limits(max_connections=cfg.max_connections_per_replica,
-                              max_keepalive_connections=cfg.max_connections_per_replica)
+        timeout = aiohttp.ClientTimeout(total=None, connect=cfg.pool_timeout_s,
+                                        sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
         for url in self.replicas.urls:
-            self.clients[url] = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+            connector = aiohttp.TCPConnector(limit=cfg.max_connections_per_replica, limit_per_host=0,
+                                             keepalive_timeout=30.0)
+            self.sessions[url] = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False, trust_env=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"))
         await self.replicas.start()
 
     async def stop(self) -> None:
         await self.replicas.stop()
-        for client in self.clients.values():
-            await client.aclose()
-        self.clients.clear()
+        for session in self.sessions.values():
+            await session.close()
+        self.sessions.clear()
 
     # -- request handling --------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:

@@ -96,8 +96,7 @@ class GatewayConfig:
     # Upstream calls
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0  # longest silence between two chunks
-    write_timeout_s: float = 30.0
-    pool_timeout_s: float = 30.0
+    pool_timeout_s: float = 30.0  # waiting for a free upstream connection, connecting included
     max_connections_per_replica: int = 4096
     upstream_api_key: str | None = None
     # Protection
@@ -139,7 +138,7 @@ class GatewayConfig:
         if self.failure_threshold < 1:
             raise ConfigError("failure_threshold must be >= 1")
         for name in ("health_interval_s", "health_timeout_s", "connect_timeout_s",
-                     "read_timeout_s", "write_timeout_s", "pool_timeout_s"):
+                     "read_timeout_s", "pool_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0")
         if self.max_connections_per_replica < 1:

@@ -3,7 +3,8 @@
 A raw ASGI app (no framework, so it costs little next to what it measures) that answers
 ``/health``, ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` with canned
 tokens, streamed or not. Its ``behavior`` can be changed while it runs (delays, error statuses,
-a stream that breaks after k chunks, failing health checks), and it records what it saw:
+a stream that breaks after k chunks, failing health checks; a request may set its own
+``fake_interval_s``), and it records what it saw:
 requests with their headers, streams in progress, streams whose client went away.
 
 ``python -m chatfleet.gateway.fake_replica --port 8001`` serves one.
@@ -32,6 +33,7 @@ class FakeBehavior:
     break_after: int | None = None  # drop the connection after this many chunks
     healthy: bool = True
     step: bool = False  # wait for step() before each chunk
+    stamp: bool = False  # put the send time (time.time()) in each chunk as "sent_at"
     model: str = "fake"
 
 
@@ -100,11 +102,12 @@ class FakeReplica:
                 "created": int(time.time()), "model": b.model, "choices": [choice],
                 "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1},
             }).encode())
-        await self._stream(receive, send, tokens, chat)
+        interval = float(body.get("fake_interval_s", b.interval_s))
+        await self._stream(receive, send, tokens, chat, interval)
 
-    async def _stream(self, receive: Any, send: Any, tokens: int, chat: bool) -> None:
+    async def _stream(self, receive: Any, send: Any, tokens: int, chat: bool, interval: float) -> None:
         self.stats.active += 1
-        producer = asyncio.ensure_future(self._produce(send, tokens, chat))
+        producer = asyncio.ensure_future(self._produce(send, tokens, chat, interval))
         gone = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait((producer, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -122,7 +125,7 @@ class FakeReplica:
             gone.cancel()
             producer.cancel()
 
-    async def _produce(self, send: Any, tokens: int, chat: bool) -> None:
+    async def _produce(self, send: Any, tokens: int, chat: bool, interval: float) -> None:
         b = self.behavior
         kind = "chat.completion.chunk" if chat else "text_completion"
         head = f'data: {{"id":"fake-1","object":"{kind}","created":0,"model":"{b.model}","choices":[{{"index":0,'
@@ -132,13 +135,14 @@ class FakeReplica:
         for i in range(tokens):
             if b.step:
                 await self._steps.acquire()
-            elif i and b.interval_s:
-                await asyncio.sleep(b.interval_s)
+            elif i and interval:
+                await asyncio.sleep(interval)
             if b.break_after is not None and i >= b.break_after:
                 raise ConnectionAbortedError("fake replica broke the stream")
             reason = '"length"' if i == tokens - 1 else "null"
+            stamp = f',"sent_at":{time.time():.6f}' if b.stamp else ""
             await send({"type": "http.response.body", "more_body": True,
-                        "body": f"{head}{part},\"finish_reason\":{reason}}}]}}\n\n".encode()})
+                        "body": f"{head}{part},\"finish_reason\":{reason}}}]{stamp}}}\n\n".encode()})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
@@ -197,9 +201,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--ttft", type=float, default=0.0)
     parser.add_argument("--interval", type=float, default=0.0)
+    parser.add_argument("--stamp", action="store_true", help="send times in chunks as sent_at")
     args = parser.parse_args()
-    app = FakeReplica(FakeBehavior(tokens=args.tokens, ttft_s=args.ttft, interval_s=args.interval),
-                      record=False)
+    app = FakeReplica(FakeBehavior(tokens=args.tokens, ttft_s=args.ttft, interval_s=args.interval,
+                                   stamp=args.stamp), record=False)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                 backlog=8192)
 

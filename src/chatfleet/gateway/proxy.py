@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 
 from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError)
 from chatfleet.gateway.admission import Outcome, Priority
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chatfleet.gateway")
 
+UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)  # read timeouts raise TimeoutError subclasses
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 NOT_A_FAILURE = frozenset({503})  # an overloaded replica is alive: retry elsewhere, keep it routable
 PASS_HEADERS = ("content-type", "content-encoding")
@@ -57,7 +58,7 @@ class _Failure:
 
 @dataclass
 class _Started:
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     chunks: Any  # the rest of the raw body
     first: bytes
     whole: bool  # ``first`` is the whole body
@@ -76,6 +77,11 @@ class SseFramer:
         cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
         self.tail = data[cut:]
         return data[:cut]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class ProxyResponse:
@@ -158,35 +164,31 @@ class ProxyResponse:
 
     async def _attempt(self, url: str) -> _Failure | _Started:
         """Send to ``url``: a failure, or a response ready to pass on."""
-        client = self.gw.clients[url]
-        request = client.build_request("POST", url + self.call.path, content=self.call.body,
-                                       headers=self.call.headers)
         try:
-            response = await client.send(request, stream=True)
-        except httpx.PoolTimeout as exc:
-            return _Failure(f"connection pool to {url} exhausted: {exc}", replica_fault=False)
-        except httpx.HTTPError as exc:
-            return _Failure(f"{type(exc).__name__}: {exc}".rstrip(": "), replica_fault=True)
-        chunks = response.aiter_raw()
-        whole = not (self.call.stream and response.status_code == 200)
+            response = await self.gw.sessions[url].post(url + self.call.path, data=self.call.body,
+                                                        headers=self.call.headers)
+        except UPSTREAM_ERRORS as exc:
+            return _Failure(_describe(exc), replica_fault=True)
+        whole = not (self.call.stream and response.status == 200)
+        chunks = response.content.iter_any()
         try:  # a stream is committed at its first chunk; anything else once read whole
-            first = b"".join([c async for c in chunks]) if whole else await anext(chunks, b"")
-        except httpx.HTTPError as exc:
-            await response.aclose()
-            return _Failure(f"{url} broke before its first byte: {type(exc).__name__}: {exc}", True)
-        if response.status_code in RETRY_STATUSES:
-            await response.aclose()
-            return _Failure(f"{url} answered {response.status_code}",
-                            replica_fault=response.status_code not in NOT_A_FAILURE,
-                            response=(response.status_code, self._headers_of(response), first))
+            first = await response.read() if whole else await anext(chunks, b"")
+        except UPSTREAM_ERRORS as exc:
+            response.close()
+            return _Failure(f"{url} broke before its first byte: {_describe(exc)}", True)
+        if response.status in RETRY_STATUSES:
+            response.close()
+            return _Failure(f"{url} answered {response.status}",
+                            replica_fault=response.status not in NOT_A_FAILURE,
+                            response=(response.status, self._headers_of(response), first))
         if not whole and not first:
-            await response.aclose()
+            response.close()
             return _Failure(f"{url} closed the stream before its first event", replica_fault=True)
         return _Started(response, chunks, first, whole)
 
     async def _respond(self, send: Any, url: str, started: _Started) -> None:
         response, gw = started.response, self.gw
-        self.replica, self.status = url, response.status_code
+        self.replica, self.status = url, response.status
         stats = gw.replicas[url].stats
         stats.requests += 1
         headers = self._headers_of(response) + self._own_headers(url)
@@ -214,8 +216,8 @@ class ProxyResponse:
                             self._first_byte(url)
                 if framer.tail:
                     error = "the replica's stream ended inside an event"
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+            except UPSTREAM_ERRORS as exc:
+                error = _describe(exc)
             if error:
                 self.outcome = "stream_broken"
                 stats.stream_breaks += 1
@@ -227,7 +229,7 @@ class ProxyResponse:
                 self.outcome = "ok"
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await response.aclose()
+            response.close()  # a no-op once read to the end; else the replica sees the client leave
             gw.metrics.observe_latency(url, time.monotonic() - self.call.arrival)
 
     def _first_byte(self, url: str) -> None:
@@ -276,9 +278,8 @@ class ProxyResponse:
         return f"over capacity: replica {url} holds its cap of {cap:g} requests and {why}; retry later"
 
     @staticmethod
-    def _headers_of(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-        raw = response.headers.raw
-        return [(k, v) for k, v in raw if k.lower().decode() in PASS_HEADERS]
+    def _headers_of(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+        return [(k.lower(), v) for k, v in response.raw_headers if k.lower().decode() in PASS_HEADERS]
 
     def _own_headers(self, url: str | None) -> list[tuple[bytes, bytes]]:
         cfg = self.gw.config
