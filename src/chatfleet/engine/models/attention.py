@@ -106,14 +106,14 @@ def build_attention_metadata(
     ``decode_context_lens[i]`` counts the decode's own new token; block tables may be longer
     than needed (only the blocks covering the context are used).
     """
-    slots: list[int] = []
+    slots: list[torch.Tensor] = []
     num_decodes = len(decode_context_lens)
     decode_block_ids = decode_mask = None
     max_blocks = 0
     if num_decodes:
-        for ctx, table in zip(decode_context_lens, decode_block_tables):
-            pos = ctx - 1
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        decode_slots = [table[(ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
+                        for ctx, table in zip(decode_context_lens, decode_block_tables)]
+        slots.append(torch.tensor(decode_slots, dtype=torch.long, device=device))
         max_blocks = (max(decode_context_lens) + block_size - 1) // block_size
         flat: list[int] = []
         for ctx, table in zip(decode_context_lens, decode_block_tables):
@@ -132,8 +132,7 @@ def build_attention_metadata(
         nblocks = (ctx + block_size - 1) // block_size
         block_ids = torch.tensor(table[:nblocks], dtype=torch.long, device=device)
         pos = torch.arange(start, ctx, device=device)
-        slots_t = block_ids[pos // block_size] * block_size + pos % block_size
-        slots.extend(slots_t.tolist())
+        slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
         mask = None
         if start > 0:
             mask = torch.arange(ctx, device=device)[None, :] <= pos[:, None]
@@ -142,7 +141,7 @@ def build_attention_metadata(
 
     return AttentionMetadata(
         block_size=block_size,
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        slot_mapping=torch.cat(slots) if slots else torch.empty(0, dtype=torch.long, device=device),
         num_decodes=num_decodes,
         decode_block_ids=decode_block_ids,
         decode_max_blocks=max_blocks,
