@@ -265,3 +265,18 @@ def test_metrics_export_ttft_and_per_replica_counters(fakes, gateways):
     assert metric(text, "chatfleet:gateway_requests_total", replica=fake.url) == 3
     assert metric(text, "chatfleet:gateway_in_flight", replica=fake.url) == 0
     assert metric(text, "chatfleet:gateway_replica_healthy", replica=fake.url) == 1
+
+
+def test_a_gateway_bug_still_gets_an_explicit_error(fakes, gateways):
+    (fake,) = fakes(1)
+    gw = gateways([fake.url])
+
+    class Broken:
+        def route(self, *args):
+            raise RuntimeError("routing exploded")
+
+    gw.gateway.router = Broken()
+    with gw.client() as client:
+        r = client.post("/v1/chat/completions", json=chat_body())
+        assert r.status_code == 500 and "routing exploded" in r.json()["error"]["message"]
+        assert gw.gateway.admission.in_flight(fake.url) == 0

@@ -72,7 +72,7 @@ class Gateway:
                                         sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
         for url in self.replicas.urls:
             connector = aiohttp.TCPConnector(limit=cfg.max_connections_per_replica, limit_per_host=0,
-                                             keepalive_timeout=30.0)
+                                             keepalive_timeout=4.0)  # < uvicorn's 5 s
             self.sessions[url] = aiohttp.ClientSession(
                 connector=connector, timeout=timeout, auto_decompress=False, trust_env=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding"))

@@ -22,7 +22,7 @@ from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitEr
 from chatfleet.gateway.admission import Outcome, Priority
 from chatfleet.gateway.routing import Affinity, RoutingDecision
 from chatfleet.gateway.session import SessionKey
-from chatfleet.protocol.errors import error_event, error_response
+from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
 from chatfleet.protocol.sse import DONE
 
 if TYPE_CHECKING:
@@ -99,7 +99,13 @@ class ProxyResponse:
     # -- ASGI --------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         self._scope, self._receive = scope, receive
-        work = asyncio.ensure_future(self._run(send))
+        self._started = False
+
+        async def tracked_send(message: dict) -> None:
+            self._started = True
+            await send(message)
+
+        work = asyncio.ensure_future(self._run_safely(tracked_send))
         listen = asyncio.ensure_future(self._listen(receive))
         try:
             done, _ = await asyncio.wait((work, listen), return_when=asyncio.FIRST_COMPLETED)
@@ -120,6 +126,19 @@ class ProxyResponse:
             pass
 
     # -- the request's life ------------------------------------------------------------------
+    async def _run_safely(self, send: Any) -> None:
+        """``_run``, with any bug answered as an explicit error instead of a hang or a cut."""
+        try:
+            await self._run(send)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            log.exception("proxy failed", extra={"request_id": self.call.request_id})
+            self.outcome = "gateway_error"
+            if not self._started:
+                await self._send_error(send, to_chatfleet_error(exc))
+            elif self.call.stream:
+                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                            "more_body": False})
+
     async def _run(self, send: Any) -> None:
         gw, call = self.gw, self.call
         priority = Priority.RETURNING if call.session.returning else Priority.FIRST
