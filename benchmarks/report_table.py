@@ -36,7 +36,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def print_report(result: dict, console: Console | None = None) -> dict:
     """Print the table and the target checks; return them as a summary dict for the JSON."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and pipes: wide enough that rows do not wrap
+            console = Console(width=140)
     names = [n for n in ("ours", "vllm", "hf") if n in result["backends"]]
     levels = sorted({p["concurrency"] for n in names for p in result["backends"][n].get("phases") or []})
     rows: list[tuple[str, str, int | None, bool]] = []  # (label, key, concurrency, higher is better)
@@ -55,7 +58,7 @@ def print_report(result: dict, console: Console | None = None) -> dict:
     table = Table(title=f"engine_throughput on {result['model']} ({result['settings']['threads']} thread(s), "
                         f"KV {result['settings']['kv_cache_gib']} GiB, load at start "
                         f"{result['load_average_at_start'][0]})")
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for n in names:
         table.add_column(result["backends"][n].get("label", n), justify="right")
     if "ours" in names:
