@@ -188,7 +188,8 @@ class ProxyResponse:
                                                         headers=self.call.headers)
         except UPSTREAM_ERRORS as exc:
             return _Failure(_describe(exc), replica_fault=True)
-        whole = not (self.call.stream and response.status == 200)
+        whole = not (self.call.stream and response.status == 200
+                     and response.content_type == "text/event-stream")
         chunks = response.content.iter_any()
         try:  # a stream is committed at its first chunk; anything else once read whole
             first = await response.read() if whole else await anext(chunks, b"")
