@@ -32,6 +32,15 @@ from chatfleet.bench.transport import make_transport
 from chatfleet.bench.workload import Workload, get_profile
 
 
+def schedstat(pid: int | str = "self") -> tuple[int, int]:
+    """(ns on CPU, ns runnable but waiting for a CPU) of a process, from /proc/PID/schedstat."""
+    try:
+        run, wait, _ = open(f"/proc/{pid}/schedstat").read().split()
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        return 0, 0
+
+
 def start_server(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
     raise_fd_limit(8192)
     proc = subprocess.Popen([sys.executable, "-m", "chatfleet.bench.testserver", "--port", "0", "--uvloop",
@@ -40,7 +49,7 @@ def start_server(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-async def measure(url: str, transport: str, chats: int, duration: float, warmup: float, think_s: float,
+async def measure(url: str, server_pid: int, transport: str, chats: int, duration: float, warmup: float, think_s: float,
                   reply: tuple[int, int]) -> dict:
     profile = get_profile("cpu-roleplay").with_overrides(
         reply_tokens=make("uniform", low=reply[0], high=reply[1]),
@@ -61,7 +70,10 @@ async def measure(url: str, transport: str, chats: int, duration: float, warmup:
         try:
             while True:
                 await asyncio.sleep(0.5)
-                r = await http.client.get(url + "/metrics")
+                try:
+                    r = await http.client.get(url + "/metrics", timeout=5.0)
+                except Exception:  # an overloaded server: skip this sample
+                    continue
                 for line in r.text.splitlines():
                     if line.startswith("vllm:num_requests_running"):
                         inflight_samples.append(int(float(line.split()[-1])))
@@ -72,11 +84,13 @@ async def measure(url: str, transport: str, chats: int, duration: float, warmup:
     cfg = ClientConfig("scripted", on_chunk=probe, request_timeout_s=60)
     spec = LoadSpec("closed", chats, duration_s=duration, warmup_s=warmup, drain_timeout_s=30)
     ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    c0, s0 = schedstat(), schedstat(server_pid)
     samp = asyncio.create_task(sampler())
     res = await run_load(w, t, cfg, spec, seed=1)
     samp.cancel()
     await asyncio.gather(samp, return_exceptions=True)
     wall, ru1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    c1, s1 = schedstat(), schedstat(server_pid)
     await t.close()
     ttft = np.array([(s[0][0] - s[0][1]) / 1e6 for s in streams.values()]) if streams else np.zeros(1)
     itl = np.array([abs((r1 - r0) - (s1 - s0)) / 1e6 for s in streams.values() for (r0, s0), (r1, s1) in zip(s, s[1:])])
@@ -93,6 +107,10 @@ async def measure(url: str, transport: str, chats: int, duration: float, warmup:
                           "max": float(ttft.max())},
         "itl_error_ms": {"p50": float(np.percentile(itl, 50)), "p99": float(np.percentile(itl, 99)),
                          "max": float(itl.max())} if itl.size else None,
+        # Share of wall time each process was runnable but had no CPU (other work on the machine).
+        "client_runqueue_wait_share": (c1[1] - c0[1]) / 1e9 / wall,
+        "server_cpu_share": (s1[0] - s0[0]) / 1e9 / wall,
+        "server_runqueue_wait_share": (s1[1] - s0[1]) / 1e9 / wall,
         "client_queue_ms_p99": float(np.percentile([r.queue_s * 1e3 for r in recs if r.queue_s is not None], 99)),
     }
 
@@ -123,7 +141,7 @@ def main() -> None:
     try:
         for loop in a.loops.split(","):
             for tr in a.transports.split(","):
-                coro = measure(url, tr, a.chats, a.duration, a.warmup, a.think_s, reply)
+                coro = measure(url, proc.pid, tr, a.chats, a.duration, a.warmup, a.think_s, reply)
                 if loop == "uvloop":
                     try:
                         import uvloop
@@ -140,13 +158,14 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     print(f"\n{'loop':8} {'transport':9} {'chats':>5} {'in flight':>9} {'chunks/s':>8} {'cpu':>5} "
-          f"{'TTFT err p50/p99/max ms':>24} {'ITL err p50/p99/max ms':>23} {'failed':>6}")
+          f"{'TTFT err p50/p99/max ms':>24} {'ITL err p50/p99/max ms':>23} {'failed':>6} {'srv cpu':>7} {'cli/srv wait':>12}")
     for r in rows:
         t, i = r["ttft_error_ms"], r["itl_error_ms"] or {"p50": 0, "p99": 0, "max": 0}
         print(f"{r['loop']:8} {r['transport']:9} {r['chats']:5d} {r['streams_in_flight_mean'] or 0:9.0f} "
               f"{r['chunks_per_s']:8.0f} {r['client_cpu_share']:5.2f} "
               f"{t['p50']:7.2f}/{t['p99']:6.2f}/{t['max']:7.1f}   {i['p50']:6.2f}/{i['p99']:6.2f}/{i['max']:7.1f} "
-              f"{r['failed']:6d}")
+              f"{r['failed']:6d} {r['server_cpu_share']:7.2f} "
+              f"{r['client_runqueue_wait_share']:5.2f}/{r['server_runqueue_wait_share']:5.2f}")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))

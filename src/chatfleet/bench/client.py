@@ -42,20 +42,20 @@ class _SSE:
         self.buf = b""
 
     def feed(self, data: bytes) -> list[bytes]:
-        self.buf += data
+        buf = self.buf + data
+        if b"\r" in buf:  # CRLF framing; a CR split from its LF waits in the tail
+            buf = buf.replace(b"\r\n", b"\n")
+        events = buf.split(b"\n\n")
+        self.buf = events.pop()  # the unfinished tail
         out = []
-        while True:
-            i = self.buf.find(b"\n\n")
-            j = self.buf.find(b"\r\n\r\n")
-            if i < 0 and j < 0:
-                return out
-            if j >= 0 and (i < 0 or j < i):
-                event, self.buf = self.buf[:j], self.buf[j + 4 :]
-            else:
-                event, self.buf = self.buf[:i], self.buf[i + 2 :]
-            data_lines = [ln[5:].strip() for ln in event.splitlines() if ln.startswith(b"data:")]
-            if data_lines:
-                out.append(b"\n".join(data_lines))
+        for event in events:
+            if event.startswith(b"data:") and b"\n" not in event:
+                out.append(event[5:].strip())
+                continue
+            lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+            if lines:
+                out.append(b"\n".join(lines))
+        return out
 
 
 def build_payload(cfg: ClientConfig, messages: list[dict], max_tokens: int) -> dict:

@@ -68,8 +68,46 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-class ProtocolError(Exception):
+class ProtocolError(ConnectionError):
     """The server's HTTP response could not be parsed."""
+
+
+class _ChunkedDecoder:
+    """Incremental HTTP/1.1 chunked transfer decoding (trailers are skipped)."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.done = False
+        self._trailers = False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = []
+        while not self.done:
+            if self._trailers:
+                i = self.buf.find(b"\r\n")
+                if i < 0:
+                    break
+                line, self.buf = self.buf[:i], self.buf[i + 2 :]
+                self.done = not line
+                continue
+            i = self.buf.find(b"\r\n")
+            if i < 0:
+                break
+            try:
+                size = int(self.buf[:i].split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                raise ProtocolError(f"bad chunk size line {self.buf[:i][:40]!r}") from None
+            if size == 0:
+                self.buf = self.buf[i + 2 :]
+                self._trailers = True
+                continue
+            end = i + 2 + size
+            if len(self.buf) < end + 2:
+                break
+            out.append(self.buf[i + 2 : end])
+            self.buf = self.buf[end + 2 :]
+        return b"".join(out)
 
 
 class RawSession:
@@ -125,17 +163,18 @@ class RawSession:
         clock = time.perf_counter_ns
         try:
             if "chunked" in headers.get("transfer-encoding", "").lower():
-                while True:
-                    size_line = await reader.readline()
-                    if not size_line:
+                # One read per arrival, however many chunks it holds: they arrived together.
+                dec = _ChunkedDecoder()
+                while not dec.done:
+                    data = await reader.read(1 << 16)
+                    if not data:
                         raise ConnectionError("connection closed inside a chunked body")
-                    size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                            pass  # trailers
-                        break
-                    data = await reader.readexactly(size + 2)
-                    yield clock(), data[:-2]
+                    now = clock()
+                    body = dec.feed(data)
+                    if body:
+                        yield now, body
+                if dec.buf:
+                    keep = False  # bytes after the body: not a response we asked for
             elif "content-length" in headers:
                 n = int(headers["content-length"])
                 if n:
@@ -179,13 +218,20 @@ class HttpxSession:
         client = self.t.client
         req = client.build_request("POST", self.t.ep.url(path), content=body,
                                    headers={"Content-Type": "application/json", **self.t.headers, **headers})
-        resp = await client.send(req, stream=True)
+        import httpx
+
+        try:
+            resp = await client.send(req, stream=True)
+        except httpx.HTTPError as e:  # mapped to the errors the client records
+            raise ConnectionError(f"{type(e).__name__}: {e}") from e
         self._resp = resp
 
         async def chunks() -> AsyncIterator[tuple[int, bytes]]:
             try:
                 async for data in resp.aiter_raw():
                     yield time.perf_counter_ns(), data
+            except httpx.HTTPError as e:
+                raise ConnectionError(f"{type(e).__name__}: {e}") from e
             finally:
                 await resp.aclose()
 
