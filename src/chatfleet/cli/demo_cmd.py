@@ -17,7 +17,9 @@ def demo(
     peak: int = typer.Option(2200, "--peak", help="Peak concurrent chats to size the fleets for."),
     headroom: float = typer.Option(0.0, "--headroom", help="Provision this share above the peak."),
     price: float | None = typer.Option(None, "--price", help="Price per GPU-hour, for cost per conversation-hour."),
-    threads: int = typer.Option(2, "--threads", help="torch threads per engine (engines run one after another)."),
+    threads: int = typer.Option(2, "--threads", help="torch threads per engine."),
+    parallel: bool = typer.Option(False, "--parallel", help="Run both engines at once (use --threads 1) "
+                                  "instead of one after the other."),
     duration: float = typer.Option(10.0, "--duration", help="Measured seconds per load point."),
     warmup: float = typer.Option(3.0, "--warmup", help="Warmup seconds per load point."),
     max_points: int = typer.Option(6, "--max-points", help="Most load points per engine."),
@@ -31,7 +33,7 @@ def demo(
     try:
         kw = {"out_dir": out_dir} if out_dir else {}
         cfg = DemoConfig(model=model, slo=slo, peak_chats=peak, headroom=headroom, price_per_gpu_hour=price,
-                         threads=threads, duration_s=duration, warmup_s=warmup, max_points=max_points,
+                         threads=threads, parallel=parallel, duration_s=duration, warmup_s=warmup, max_points=max_points,
                          kv_cache_tokens=kv_cache_tokens, seed=seed, **kw)
         run_demo(cfg)
     except ChatfleetError as e:
