@@ -149,6 +149,17 @@ async def closed_loop(host: str, port: int, streams: int, duration: float, token
     return measured
 
 
+async def back_to_back(host: str, port: int, requests: int) -> Sample:
+    """One connection, one-token replies, one request after another: the per-request cost."""
+    sample, conn = Sample(), Conn(host, port)
+    try:
+        for _ in range(requests):
+            await conn.stream(body_for(1), sample)
+    finally:
+        conn.close()
+    return sample
+
+
 def body_for(tokens: int, **extra) -> bytes:
     return json.dumps({"model": "fake", "stream": True, "max_tokens": tokens, **extra,
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
@@ -230,6 +241,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="direct/gateway alternations per level")
     parser.add_argument("--tokens", type=int, default=16, help="mean chunks per stream")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between chunks")
+    parser.add_argument("--probe", type=int, default=300, help="back-to-back one-token requests per mode and rep")
     parser.add_argument("--hold", type=int, default=2200, help="streams held at once (0: skip)")
     parser.add_argument("--hold-tokens", type=int, default=20)
     parser.add_argument("--hold-interval", type=float, default=1.0)
@@ -254,6 +266,19 @@ def main() -> None:
     try:
         wait_healthy(replica_url, procs[0])
         wait_healthy(gateway_url, procs[1])
+        probe = None
+        if args.probe:
+            pooled = {"direct": [], "gateway": []}
+            for _ in range(args.reps):
+                for mode, port in (("direct", replica_port), ("gateway", gateway_port)):
+                    s = asyncio.run(back_to_back("127.0.0.1", port, args.probe))
+                    pooled[mode] += s.ttft[10:]  # the first few warm up the connection
+            probe = {mode: summary(v) for mode, v in pooled.items()}
+            probe["added_ms"] = {q: round(probe["gateway"][q] - probe["direct"][q], 3) for q in ("p50", "p99")}
+            print(f"one stream, back-to-back one-token requests: TTFT p50/p99 direct "
+                  f"{probe['direct']['p50']}/{probe['direct']['p99']} ms, gateway "
+                  f"{probe['gateway']['p50']}/{probe['gateway']['p99']} ms, added "
+                  f"{probe['added_ms']['p50']}/{probe['added_ms']['p99']} ms", flush=True)
         levels = []
         for streams in [int(x) for x in args.levels.split(",") if x]:
             pooled = {"direct": Sample(), "gateway": Sample()}
@@ -291,7 +316,7 @@ def main() -> None:
                   f"TTFT p99 {held['ttft_ms'].get('p99')} ms")
         result = {"benchmark": "gateway_overhead", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-                  "settings": {k: str(v) for k, v in vars(args).items()}, "levels": levels, "hold": held}
+                  "settings": {k: str(v) for k, v in vars(args).items()}, "probe": probe, "levels": levels, "hold": held}
         args.out.write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")
     finally:
