@@ -23,7 +23,7 @@ from chatfleet.bench.engines import EngineProcess
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.setup import WorkloadSource
+from chatfleet.bench.sources import WorkloadSource
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.workload import get_profile
