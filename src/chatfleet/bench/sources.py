@@ -42,11 +42,12 @@ class WorkloadSource:
         return (lambda seed: Workload(self.profile, seed, counter, scripted_replies=scripted)), counter
 
 
-def discover_model(url: str, timeout_s: float = 10.0) -> str:
+def discover_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The first model the server lists on /v1/models."""
     ep = Endpoint.parse(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(ep.url("/v1/models"), timeout=timeout_s)
+        r = httpx.get(ep.url("/v1/models"), timeout=timeout_s, headers=headers)
         r.raise_for_status()
         return r.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:

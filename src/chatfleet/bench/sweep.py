@@ -37,6 +37,11 @@ class RunProtocol:
     throttle_reruns: int = 1
     transport: str = "raw"
     use_gpu_telemetry: bool = True
+    api_key: str | None = None  # sent as 'Authorization: Bearer ...'
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -142,7 +147,7 @@ class Bench:
                  observer: Observer | None = None) -> None:
         self.p, self.client, self.make_workload = protocol, client, make_workload
         self.obs = observer or Observer()
-        self.control = ServerControl(protocol.url, client.model, protocol.server_kind)
+        self.control = ServerControl(protocol.url, client.model, protocol.server_kind, headers=protocol.headers)
         self.runs_done = 0
 
     async def close(self) -> None:
@@ -156,7 +161,7 @@ class Bench:
         workload = self.make_workload(seed)
         self.obs.run_started(level, repeat, seed, load)
         sampler = TelemetrySampler(use_gpu=self.p.use_gpu_telemetry)
-        transport = make_transport(self.p.transport, self.p.url)
+        transport = make_transport(self.p.transport, self.p.url, self.p.headers)
         sampler.start()
         try:
             res: LoadResult = await run_load(workload, transport, self.client, load, seed, self.obs.record_done)

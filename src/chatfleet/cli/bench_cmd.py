@@ -50,6 +50,7 @@ O_HTML = typer.Option(None, "--html", help="Write the HTML report here.")
 O_TEMP = typer.Option(1.0, "--temperature", help="Sampling temperature sent with requests.")
 O_TIMEOUT = typer.Option(300.0, "--request-timeout", help="Seconds before a request counts as timed out.")
 O_MAXREQ = typer.Option(None, "--max-requests", help="Stop sending after this many requests per run.")
+O_KEY = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server.")
 
 
 def _fail(e: Exception) -> None:
@@ -59,14 +60,21 @@ def _fail(e: Exception) -> None:
 
 
 def _protocol(url, mode, duration, warmup, repeats, seed, kind, no_verify, floor, transport, history, slo, max_req,
-              level=1.0):
+              level=1.0, api_key=None):
     load = LoadSpec(mode, level, duration_s=duration, warmup_s=warmup, history=history, max_requests=max_req)
     return RunProtocol(url, load, parse_slo(slo), repeats=repeats, base_seed=seed, server_kind=kind,
-                       verify_reset=not no_verify, clock_floor=floor, transport=transport)
+                       verify_reset=not no_verify, clock_floor=floor, transport=transport, api_key=api_key)
 
 
 def _settings(**kw) -> dict:
-    return {"argv": sys.argv[1:], **{k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in kw.items()}}
+    """Every setting of the run for the JSON result; secrets are redacted."""
+    out = {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in kw.items()}
+    for v in out.values():
+        if isinstance(v, dict) and v.get("api_key"):
+            v["api_key"] = "(redacted)"
+    argv = sys.argv[1:]
+    argv = ["(redacted)" if i > 0 and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
+    return {"argv": argv, **out}
 
 
 def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live chats (closed), new chats/s "
@@ -76,14 +84,14 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
           no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
           trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
           temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
-          out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
+          api_key: str | None = O_KEY, out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
     """Measure one load point (repeated --repeats times) against URL."""
     try:
         proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
-                          transport, history, slo, max_requests, level)
+                          transport, history, slo, max_requests, level, api_key)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
-        client = ClientConfig(model or discover_model(url), temperature=temperature, request_timeout_s=request_timeout)
+        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
         async def go():
             b = Bench(proto, client, make, ui.ProgressObserver())
@@ -117,6 +125,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
               no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
               trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
               temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
+              api_key: str | None = O_KEY,
               peak: int | None = typer.Option(None, "--peak", help="Also size a fleet for this many peak chats."),
               headroom: float = typer.Option(0.0, "--headroom", help="Fleet headroom above the peak (0.2 = 20%)."),
               price: float | None = typer.Option(None, "--price", help="Price per GPU-hour for the cost."),
@@ -124,11 +133,11 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
     """Raise the load until the SLO breaks, then bisect: report the knee (and a fleet size)."""
     try:
         proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
-                          transport, history, slo, max_requests)
+                          transport, history, slo, max_requests, api_key=api_key)
         spec = SweepSpec(start, max_level, growth, resolution, max_points)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
-        client = ClientConfig(model or discover_model(url), temperature=temperature, request_timeout_s=request_timeout)
+        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
         async def go():
             b = Bench(proto, client, make, ui.ProgressObserver())
