@@ -65,3 +65,18 @@ def test_knee_from_a_sweep_result(tmp_path):
     path.write_text(json.dumps({"points": []}))
     with pytest.raises(ConfigError, match="knee"):
         read_knee(path)
+
+
+def test_knee_from_the_series_of_a_sweep_document(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"format": "chatfleet.bench", "series": {"http://r:1": {"knee": 16.0}}}))
+    assert read_knee(path) == 16
+    path.write_text(json.dumps({"series": {"stock": {"knee": 4}, "tuned": {"knee": 11}}}))
+    with pytest.raises(ConfigError, match="several series"):
+        read_knee(path)
+    assert read_knee(path, series="tuned") == 11
+    with pytest.raises(ConfigError, match="no series 'x'"):
+        read_knee(path, series="x")
+    path.write_text(json.dumps({"series": {"a": {"knee": None}}}))
+    with pytest.raises(ConfigError, match="no numeric knee"):
+        read_knee(path)

@@ -152,7 +152,7 @@ def test_disconnect_stops_the_engine_request(engines, gateways):
         next(line for line in lines if line.startswith("data: "))
         assert gw.gateway.admission.in_flight(replica) == 1
     wait_for(lambda: running(replica) == 0, timeout=20, what="the engine to drop the request")
-    assert gw.gateway.admission.in_flight(replica) == 0
+    wait_for(lambda: gw.gateway.admission.in_flight(replica) == 0, what="slot release")
 
 
 def test_killed_replica_loses_no_request(fleet, engines, gateways):

@@ -39,7 +39,7 @@ def test_stream_passes_through_chunk_by_chunk(fakes, gateways):
                 fake.replica.step()
             assert json.loads(next(lines)[6:])["choices"][0]["delta"]["content"] == "tok "
         assert next(lines) == "data: [DONE]"
-    assert fake.replica.stats.completed == 1
+    wait_for(lambda: fake.replica.stats.completed == 1, what="the replica to finish")
 
 
 def test_completions_models_and_request_id(fakes, gateways):
@@ -211,7 +211,7 @@ def test_client_disconnect_closes_the_upstream_stream(fakes, gateways):
         next(line for line in lines if line)
         assert gw.gateway.admission.in_flight(fake.url) == 1
     wait_for(lambda: fake.replica.stats.disconnected == 1, what="replica to see the disconnect")
-    assert fake.replica.stats.active == 0
+    wait_for(lambda: fake.replica.stats.active == 0, what="the replica's stream to end")
     wait_for(lambda: gw.gateway.admission.in_flight(fake.url) == 0, what="slot release")
 
 

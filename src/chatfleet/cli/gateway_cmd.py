@@ -22,7 +22,8 @@ _PROFILE = typer.Option(None, "--profile", help="YAML profile (sections: gateway
 _HOST = typer.Option(None, "--host", help=f"Gateway address (default: {_G.host}).")
 _PORT = typer.Option(None, "--port", help=f"Gateway port (default: {_G.port}).")
 _CAP = typer.Option(None, "--max-in-flight", help="Per-replica in-flight cap (default: none).")
-_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON: cap = its top-level 'knee'.")
+_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON result: cap = its knee.")
+_CAPS_SERIES = typer.Option(None, "--caps-series", help="Series of --caps-from to read (if it holds several).")
 _QUEUE = typer.Option(None, "--queue-size", help=f"Requests that may wait (default: {_G.queue_size}).")
 _WAIT = typer.Option(None, "--max-queue-wait", help=f"Seconds a request may wait (default: {_G.max_queue_wait_s:g}).")
 _KEYS = typer.Option(None, "--api-key", envvar="CHATFLEET_API_KEYS",
@@ -33,7 +34,7 @@ _LOG = typer.Option(None, "--log-level", help=f"Log level (default: {_G.log_leve
 
 
 def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: dict[str, Any],
-                         caps_from: Path | None) -> GatewayConfig:
+                         caps_from: Path | None, caps_series: str | None = None) -> GatewayConfig:
     """Defaults < profile < flags. ``replicas`` from flags replace the profile's list."""
     settings = dict(profile.gateway)
     if replicas:
@@ -46,7 +47,7 @@ def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: di
     if caps_from is not None:
         if flags.get("max_in_flight") is not None:
             raise ConfigError("give either --max-in-flight or --caps-from, not both")
-        settings["max_in_flight"] = read_knee(caps_from)
+        settings["max_in_flight"] = read_knee(caps_from, caps_series)
     return GatewayConfig.from_dict(settings)
 
 
@@ -65,7 +66,7 @@ def _fail(err: ChatfleetError) -> None:
 def gateway(
     replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
     port: int | None = _PORT, max_in_flight: int | None = _CAP, caps_from: Path | None = _CAPS_FROM,
-    queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
+    caps_series: str | None = _CAPS_SERIES, queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
     api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
     routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
 ) -> None:
@@ -76,7 +77,7 @@ def gateway(
         prof = load_profile(profile) if profile else Profile()
         config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
-            routing_policy, log_level), caps_from)
+            routing_policy, log_level), caps_from, caps_series)
         if not config.replicas:
             raise ConfigError("no replicas: give --replica URL (repeatable) or a profile's gateway.replicas")
     except ChatfleetError as err:
@@ -92,7 +93,7 @@ def serve(
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help="Extra `chatfleet engine` flag, e.g. --engine-arg=--kv-cache-tokens=8192."),
     replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
     port: int | None = _PORT, max_in_flight: int | None = _CAP, caps_from: Path | None = _CAPS_FROM,
-    queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
+    caps_series: str | None = _CAPS_SERIES, queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
     api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
     routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
 ) -> None:
@@ -116,7 +117,7 @@ def serve(
         fleet_config = FleetConfig(**settings)
         gateway_config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
-            routing_policy, log_level), caps_from)
+            routing_policy, log_level), caps_from, caps_series)
         if fleet_config.replicas == 0 and not gateway_config.replicas:
             raise ConfigError("nothing to serve: --replicas 0 and no --replica URL")
     except ChatfleetError as err:

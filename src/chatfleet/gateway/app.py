@@ -205,6 +205,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
 
     async def status(request: Request) -> JSONResponse:
+        gateway.check_auth(request)
         return JSONResponse(gateway.status())
 
     app.router.add_route("/v1/models", models, methods=["GET"])
