@@ -70,11 +70,12 @@ def run_point(url, counter, load):
 
 
 def test_sweep_finds_a_knee_and_a_smaller_pool_gives_a_lower_one(engines, counter):
-    # The SLO is set from this machine's own single-chat TTFT, so a slow CI box does not move it.
+    # The SLO is set from this machine's own single-chat reply time, so a slow or busy CI box does
+    # not move the knee: alone, a request's TTFT is a small part of its reply (35 tokens); queued
+    # behind a full pool it waits whole replies of others.
     base = run_point(engines["big"], counter, LoadSpec("concurrency", 1, duration_s=1.5, warmup_s=0.5))
-    ttft1 = base.runs[0].summary.latency["ttft"]["p50"]
     reply1 = base.runs[0].summary.latency["reply"]["p50"]
-    threshold = max(0.05, 3 * ttft1, reply1)  # a request queued behind a full pool waits ~a reply
+    threshold = max(0.05, 2 * reply1)
     slo = f"ttft_p90<={threshold * 1e3:.0f}ms"
     small = run_sweep(engines["small"], counter, slo, max_level=16)
     big = run_sweep(engines["big"], counter, slo, max_level=16)
