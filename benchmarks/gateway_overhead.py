@@ -33,6 +33,9 @@ import httpx
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+# `chatfleet gateway --replica URL --port N --queue-size 10000`, without the other CLI groups
+GATEWAY = ("from chatfleet.gateway.app import run_gateway; from chatfleet.gateway.config import GatewayConfig; "
+           "run_gateway(GatewayConfig(replicas=('{replica_url}',), port={port}, queue_size=10000))")
 
 
 # ---------------------------------------------------------------------------------- client
@@ -259,9 +262,8 @@ def main() -> None:
     procs = [
         subprocess.Popen([sys.executable, "-m", "chatfleet.gateway.fake_replica", "--port", str(replica_port),
                           "--tokens", str(args.tokens), "--interval", str(args.interval), "--stamp"], env=env),
-        subprocess.Popen([sys.executable, "-m", "chatfleet.cli.main", "gateway", "--replica", replica_url,
-                          "--port", str(gateway_port), "--queue-size", "10000"], env=env,
-                         stdout=log, stderr=log),
+        subprocess.Popen([sys.executable, "-c", GATEWAY.format(replica_url=replica_url, port=gateway_port)],
+                         env=env, stdout=log, stderr=log),
     ]
     try:
         wait_healthy(replica_url, procs[0])

@@ -127,14 +127,15 @@ def test_two_gateways_agree_on_placement(engines, gateways):
 
 def test_twice_the_cap_sheds_the_excess_at_once(engines, gateways):
     gw = gateways(engines, max_in_flight=2, queue_size=0, retry_after_s=2)
-    body = {"model": "tiny", "max_tokens": 48, "messages": [{"role": "user", "content": "go"}], **FORCE}
+    # long enough replies that the admitted four still run when the last of the eight arrives
+    body = {"model": "tiny", "max_tokens": 160, "messages": [{"role": "user", "content": "go"}], **FORCE}
     with http(gw.url) as client, cf.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(read_stream, client, body, {"X-Session-ID": f"chat-{i}"}) for i in range(8)]
         results = [f.result(timeout=120) for f in futures]
     admitted = [r for r in results if r["status"] == 200]
     shed = [r for r in results if r["status"] == 429]
     assert len(admitted) == 4 and len(shed) == 4, [r["status"] for r in results]
-    assert all(r["done"] and not r["errors"] and r["tokens"] == 48 for r in admitted)
+    assert all(r["done"] and not r["errors"] and r["tokens"] == 160 for r in admitted)
     assert {r["replica"] for r in admitted} == set(engines)  # both replicas filled to their cap
     assert all(r["headers"]["retry-after"] == "2" and r["error"]["type"] == "rate_limit_error" for r in shed)
     assert max(r["end"] for r in shed) < min(r["end"] for r in admitted)  # refused while they ran
