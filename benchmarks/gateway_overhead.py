@@ -191,10 +191,13 @@ async def hold(host: str, port: int, streams: int, body: bytes, gateway_url: str
             live[0] -= began[0]
 
     async def watch() -> None:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with httpx.AsyncClient(trust_env=False, timeout=30.0) as client:
             while True:
                 await asyncio.sleep(1.0)
-                status = (await client.get(gateway_url + "/gateway/status")).json()
+                try:
+                    status = (await client.get(gateway_url + "/gateway/status")).json()
+                except httpx.HTTPError:
+                    continue  # a busy gateway may answer late; the next look counts
                 gw_peak[0] = max(gw_peak[0], sum(r["in_flight"] for r in status["replicas"]))
 
     watcher = asyncio.ensure_future(watch())
