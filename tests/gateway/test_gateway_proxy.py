@@ -280,3 +280,12 @@ def test_a_gateway_bug_still_gets_an_explicit_error(fakes, gateways):
         r = client.post("/v1/chat/completions", json=chat_body())
         assert r.status_code == 500 and "routing exploded" in r.json()["error"]["message"]
         assert gw.gateway.admission.in_flight(fake.url) == 0
+
+
+def test_client_leaving_before_the_first_token_reaches_the_replica(fakes, gateways):
+    (fake,) = fakes(1, step=True)  # the replica holds its first chunk (a long prefill)
+    gw = gateways([fake.url])
+    with gw.client() as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/chat/completions", json=chat_body(stream=True), timeout=0.5)
+    wait_for(lambda: fake.replica.stats.disconnected == 1, what="replica to see the client leave")
+    wait_for(lambda: gw.gateway.admission.in_flight(fake.url) == 0, what="slot release")

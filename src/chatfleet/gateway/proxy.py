@@ -196,6 +196,9 @@ class ProxyResponse:
         except UPSTREAM_ERRORS as exc:
             response.close()
             return _Failure(f"{url} broke before its first byte: {_describe(exc)}", True)
+        except BaseException:  # the client left during prefill: the replica must see it now
+            response.close()
+            raise
         if response.status in RETRY_STATUSES:
             response.close()
             return _Failure(f"{url} answered {response.status}",
