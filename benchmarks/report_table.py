@@ -40,7 +40,7 @@ def print_report(result: dict, console: Console | None = None) -> dict:
         console = Console()
         if not console.is_terminal:  # logs and pipes: wide enough that rows do not wrap
             console = Console(width=140)
-    names = [n for n in ("ours", "vllm", "hf") if n in result["backends"]]
+    names = list(result["backends"])  # ours, vllm, hf, and any extra backend a caller added
     levels = sorted({p["concurrency"] for n in names for p in result["backends"][n].get("phases") or []})
     rows: list[tuple[str, str, int | None, bool]] = []  # (label, key, concurrency, higher is better)
     for c in levels:
