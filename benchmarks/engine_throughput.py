@@ -95,6 +95,7 @@ class PrefixResult:
     cached_ttft_ms_median: float | None
     cached_over_cold: float | None
     reset_supported: bool
+    reset_reply: str | None  # the server's answer to the last reset (ours says whether it emptied)
 
 
 def _ms(x: float | None) -> float | None:
@@ -145,7 +146,7 @@ async def closed_loop(base_url: str, bodies: list[dict], concurrency: int) -> Ph
 
 async def prefix_test(backend: Backend, base_url: str, model: str, prompts: PromptFactory, args) -> PrefixResult:
     """TTFT of a long prompt right after a prefix-cache reset, then of the same prompt again."""
-    cold, cached, cached_tokens, prompt_tokens = [], [], [], None
+    cold, cached, cached_tokens, prompt_tokens, reset_reply = [], [], [], None, None
     force = backend.force_length(4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0)) as client:
         for _ in range(args.cached_trials):
@@ -153,6 +154,7 @@ async def prefix_test(backend: Backend, base_url: str, model: str, prompts: Prom
                 resp = await post_json(base_url, "/reset_prefix_cache")
                 if resp.status_code != 200:
                     raise RuntimeError(f"{backend.name}: reset_prefix_cache -> {resp.status_code} {resp.text}")
+                reset_reply = resp.text[:200]
             body = _chat_body(model, prompts.make(args.long_prompt_tokens), force)
             first = await stream_chat(client, base_url, body)
             again = await stream_chat(client, base_url, body)
@@ -174,6 +176,7 @@ async def prefix_test(backend: Backend, base_url: str, model: str, prompts: Prom
         cached_ttft_ms_median=cached_med,
         cached_over_cold=round(cached_med / cold_med, 4) if cold_med and cached_med else None,
         reset_supported=backend.can_reset_prefix_cache,
+        reset_reply=reset_reply,
     )
 
 
