@@ -129,7 +129,14 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/loadgen_capacity.json")
     ap.add_argument("--nice", type=int, default=-10, help="priority change for this process and the server "
                     "(negative needs root; a busy machine otherwise deschedules the client for ms at a time)")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run this process and the server under SCHED_RR (root; the kernel caps RT time at 95%%)")
     a = ap.parse_args()
+    if a.realtime:
+        try:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(10))
+        except (PermissionError, AttributeError, OSError) as e:
+            print(f"cannot switch to real-time scheduling ({e}); running normally")
     if a.nice:
         try:
             os.nice(a.nice)

@@ -9,7 +9,6 @@ with its own threads: faster, but each engine's load then slows the other).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -23,7 +22,7 @@ from chatfleet.bench.engines import EngineProcess
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.sources import WorkloadSource
+from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.workload import get_profile
@@ -89,7 +88,7 @@ def _sweep_engine(cfg: DemoConfig, name: str, args: list[str], con: Console) -> 
             finally:
                 await b.close()
 
-        return asyncio.run(go())
+        return run_async(go())
 
 
 def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:

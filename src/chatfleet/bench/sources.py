@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,15 @@ class WorkloadSource:
 
             return from_trace, counter
         return (lambda seed: Workload(self.profile, seed, counter, scripted_replies=scripted)), counter
+
+
+def run_async(coro):
+    """Run a coroutine on uvloop when it is installed (lower timing error), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def discover_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:

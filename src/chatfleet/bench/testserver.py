@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import time
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
                        itl_per_stream_s=a.itl_per_stream_ms / 1e3, report_cached=not a.no_cached_usage)
 
     async def serve() -> None:
+        gc.freeze()  # long-lived state only; no GC pauses while streaming
+        gc.disable()
         srv = ScriptedServer(cfg)
         port = await srv.start(a.host, a.port)
         print(f"PORT {port}", flush=True)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +15,7 @@ from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.fleet import plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.sources import WorkloadSource, discover_model
+from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.workload import PROFILES, get_profile
@@ -100,7 +99,7 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
             finally:
                 await b.close()
 
-        point = asyncio.run(go())
+        point = run_async(go())
     except ChatfleetError as e:
         _fail(e)
     for run in point.runs:
@@ -146,7 +145,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
             finally:
                 await b.close()
 
-        res = asyncio.run(go())
+        res = run_async(go())
         fleet = plan_fleet(res.knee, peak, headroom, price) if peak and res.knee else None
     except ChatfleetError as e:
         _fail(e)
