@@ -80,10 +80,11 @@ def plots(series: dict[str, dict]) -> dict[str, str]:
 
     out = {}
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, sw in series.items():
+    for i, (name, sw) in enumerate(series.items()):
         xs = [p["level"] for p in sw["points"]]
         for metric, stat, style in (("ttft", "p99", "-o"), ("itl", "p99", "--s"), ("reply", "p95", ":^")):
-            ax.plot(xs, [_point_stat(p, metric, stat) for p in sw["points"]], style, label=f"{name} {metric} {stat}")
+            ax.plot(xs, [_point_stat(p, metric, stat) for p in sw["points"]], style, color=f"C{i}",
+                    label=f"{name} {metric} {stat}")
     ax.set_xlabel("load"), ax.set_ylabel("seconds"), ax.set_yscale("log"), ax.grid(alpha=0.3)
     ax.set_title("Latency percentiles vs load"), ax.legend(fontsize=7)
     out["latency"] = _png(fig)
