@@ -34,7 +34,7 @@ from common import (  # noqa: E402
     BENCH_DIR, REPO, RESULTS_DIR, ServerProcess, StreamResult, free_port, load_average,
     percentile, post_json, stream_chat,
 )
-from report_table import print_report  # noqa: E402
+from report_table import merge_rounds, print_report  # noqa: E402
 
 TEMPLATE_OVERHEAD = 8  # ChatML tokens around one user message plus the generation prompt
 
@@ -260,6 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cached-trials", type=int, default=3)
     p.add_argument("--skip-prefix", action="store_true", help="skip the cold vs cached TTFT test")
     p.add_argument("--quick", action="store_true", help="1 request per stream, min 4, 1 cached trial")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="cycle through the servers this many times; the table shows per-metric medians")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/engine_throughput-*.json)")
@@ -267,8 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if args.quick:
         args.requests_per_stream, args.min_requests, args.cached_trials = 1, 4, 1
-    if args.threads < 1 or args.kv_cache_gib <= 0 or not args.concurrency or min(args.concurrency) < 1:
-        p.error("--threads, --kv-cache-gib and every --concurrency value must be positive")
+    if args.rounds < 1 or args.threads < 1 or args.kv_cache_gib <= 0 or not args.concurrency or min(args.concurrency) < 1:
+        p.error("--rounds, --threads, --kv-cache-gib and every --concurrency value must be positive")
     return args
 
 
@@ -290,12 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         "versions": _versions(),
         "backends": {},
     }
-    for b in backends:
-        try:
-            result["backends"][b.name] = run_backend(b, model_dir, args, run_id)
-        except Exception as exc:  # one failing server must not lose the others' numbers
-            print(f"{b.name} failed: {exc!r}", flush=True)
-            result["backends"][b.name] = {"label": b.label, "error": repr(exc)}
+    rounds: dict[str, list[dict]] = {b.name: [] for b in backends}
+    for r in range(args.rounds):  # servers take turns, so load on a shared machine hits all alike
+        for b in backends:
+            try:
+                rounds[b.name].append(run_backend(b, model_dir, args, f"{run_id}-r{r}"))
+            except Exception as exc:  # one failing server must not lose the others' numbers
+                print(f"{b.name} failed: {exc!r}", flush=True)
+                rounds[b.name].append({"label": b.label, "error": repr(exc)})
+    result["backends"] = {name: merge_rounds(entries) for name, entries in rounds.items()}
     result["load_average_at_end"] = load_average()
     result["summary"] = print_report(result)
     out = args.out or RESULTS_DIR / f"engine_throughput-{run_id}.json"

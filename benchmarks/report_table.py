@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from rich.console import Console
 from rich.table import Table
 
@@ -9,6 +11,40 @@ TARGET_VS_VLLM = 0.8  # ours' output tokens/s at 8 and 32 streams, at least this
 TARGET_VS_HF = 2.0  # ... and at least this times transformers serve's
 TARGET_CACHED_OVER_COLD = 0.2  # cached TTFT at most 1/5 of cold
 TARGET_STREAMS = (8, 32)
+
+
+def _median_fields(items: list[dict]) -> dict:
+    """Per numeric field, the median over `items` (missing values skipped); others from the first."""
+    out = dict(items[0])
+    for key in items[0]:
+        vals = [it.get(key) for it in items]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not nums or len(nums) < len([v for v in vals if v is not None]):
+            continue
+        med = statistics.median(nums)
+        out[key] = int(med) if all(isinstance(v, int) for v in nums) and med == int(med) else round(med, 4)
+    return out
+
+
+def merge_rounds(entries: list[dict]) -> dict:
+    """One server's rounds -> one entry whose phase and prefix numbers are per-metric medians."""
+    ok = [e for e in entries if "error" not in e and "skipped" not in e]
+    if len(entries) == 1 or not ok:
+        return entries[0]
+    merged = {k: v for k, v in ok[0].items() if k not in ("phases", "prefix")}
+    levels = [p["concurrency"] for p in ok[0].get("phases") or []]
+    merged["phases"] = [
+        _median_fields([p for e in ok for p in e["phases"] if p["concurrency"] == c]) for c in levels
+    ]
+    prefixes = [e["prefix"] for e in ok if e.get("prefix")]
+    if prefixes:
+        pm = _median_fields(prefixes)
+        cold, cached = pm.get("cold_ttft_ms_median"), pm.get("cached_ttft_ms_median")
+        pm["cached_over_cold"] = round(cached / cold, 4) if cold and cached else None
+        merged["prefix"] = pm
+    merged["rounds"] = entries
+    merged["failed_rounds"] = len(entries) - len(ok)
+    return merged
 
 
 def _phase(entry: dict, c: int) -> dict | None:
