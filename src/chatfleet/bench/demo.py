@@ -43,6 +43,7 @@ class DemoConfig:
     start: int = 2
     max_level: int = 64
     max_points: int = 6
+    repeats: int = 1
     seed: int = 0
     parallel: bool = False  # both engines at once (threads each); default: one after the other
     tuned_max_running: int = 8
@@ -77,7 +78,8 @@ def _sweep_engine(cfg: DemoConfig, name: str, args: list[str], con: Console) -> 
     con.print(f"[bold]{name}[/]: chatfleet engine --model {cfg.model} {' '.join(args)} (threads {cfg.threads})")
     with EngineProcess(cfg.model, args, threads=cfg.threads, log_path=log) as eng:
         load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
-        proto = RunProtocol(eng.url, load, parse_slo(cfg.slo), base_seed=cfg.seed, server_kind="chatfleet")
+        proto = RunProtocol(eng.url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
+                            server_kind="chatfleet")
         make, _ = WorkloadSource(get_profile(cfg.profile), cfg.model).factory()
         spec = SweepSpec(cfg.start, cfg.max_level, 2.0, 1.0, cfg.max_points)
 

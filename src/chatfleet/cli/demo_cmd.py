@@ -23,6 +23,7 @@ def demo(
     duration: float = typer.Option(10.0, "--duration", help="Measured seconds per load point."),
     warmup: float = typer.Option(3.0, "--warmup", help="Warmup seconds per load point."),
     max_points: int = typer.Option(6, "--max-points", help="Most load points per engine."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per load point (tighter knees, longer demo)."),
     kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool (tokens) for both engines."),
     seed: int = typer.Option(0, "--seed", help="Base seed."),
     out_dir: Path | None = typer.Option(None, "--out-dir", help="Where result.json and report.html go."),
@@ -33,7 +34,7 @@ def demo(
     try:
         kw = {"out_dir": out_dir} if out_dir else {}
         cfg = DemoConfig(model=model, slo=slo, peak_chats=peak, headroom=headroom, price_per_gpu_hour=price,
-                         threads=threads, parallel=parallel, duration_s=duration, warmup_s=warmup, max_points=max_points,
+                         threads=threads, parallel=parallel, duration_s=duration, warmup_s=warmup, max_points=max_points, repeats=repeats,
                          kv_cache_tokens=kv_cache_tokens, seed=seed, **kw)
         run_demo(cfg)
     except ChatfleetError as e:
