@@ -49,7 +49,9 @@ class DemoConfig:
     tuned_max_running: int = 8
     tuned_max_batched_tokens: int = 256
     kv_cache_tokens: int | None = None  # same pool for both; None: the engine's default
-    stock_args: tuple[str, ...] = ("--no-prefix-cache", "--max-running", "1024", "--max-batched-tokens", "8192")
+    stock_args: tuple[str, ...] = (
+        "--no-prefix-cache", "--no-chunked-prefill", "--max-running", "1024", "--max-batched-tokens", "8192"
+    )
     out_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
     def __post_init__(self) -> None:

@@ -24,6 +24,9 @@ def engine(
     max_batched_tokens: int = typer.Option(
         _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
     ),
+    no_chunked_prefill: bool = typer.Option(
+        False, "--no-chunked-prefill", help="Prefill a prompt in one step of its own (split only if over the budget)."
+    ),
     max_running: int = typer.Option(_S.max_running, "--max-running", help="Most requests in the batch."),
     max_waiting: int = typer.Option(
         _S.max_waiting, "--max-waiting", help="Waiting-queue bound; beyond it requests get 503."
@@ -54,7 +57,10 @@ def engine(
                 enable_prefix_caching=not no_prefix_cache,
             ),
             scheduler=SchedulerConfig(
-                max_batched_tokens=max_batched_tokens, max_running=max_running, max_waiting=max_waiting
+                max_batched_tokens=max_batched_tokens,
+                max_running=max_running,
+                max_waiting=max_waiting,
+                enable_chunked_prefill=not no_chunked_prefill,
             ),
         )
         if threads is not None:
