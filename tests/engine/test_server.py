@@ -13,7 +13,7 @@ import torch
 from chatfleet.engine.async_engine import AsyncEngine
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.server import build_app
-from chatfleet.engine.server_thread import ServerThread
+from chatfleet.loopback import ServerThread
 from chatfleet.models.tiny import resolve_model
 
 MAX_MODEL_LEN = 1024

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ import time
 import httpx
 import openai
 
+from chatfleet.loopback import free_port
+
 CLI = [sys.executable, "-m", "chatfleet.cli.main", "engine"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_engine_command_serves_and_stops_cleanly():

@@ -12,7 +12,7 @@ import torch
 from chatfleet.engine.async_engine import AsyncEngine
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.server import build_app
-from chatfleet.engine.server_thread import ServerThread
+from chatfleet.loopback import ServerThread
 
 
 @pytest.fixture(scope="module")

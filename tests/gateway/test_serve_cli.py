@@ -16,7 +16,7 @@ from gateway_helpers import wait_for
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
-from chatfleet.gateway.fleet import free_port
+from chatfleet.loopback import free_port
 
 
 def start(args: list[str]) -> subprocess.Popen:

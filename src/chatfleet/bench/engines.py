@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,12 +13,7 @@ from pathlib import Path
 import httpx
 
 from chatfleet.errors import ChatfleetError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from chatfleet.loopback import free_port
 
 
 @dataclass

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+
+from chatfleet.loopback import ServerThread  # noqa: F401  (re-exported for tests and benchmarks)
 
 
 @dataclass
@@ -155,43 +155,6 @@ async def _reply(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-class ServerThread:
-    """Run an ASGI app with uvicorn on 127.0.0.1 in a daemon thread (tests, benchmarks)."""
-
-    def __init__(self, app: Any, port: int = 0, **uvicorn_kw: Any) -> None:
-        # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (else +40 ms).
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        kw = {"log_level": "warning", "access_log": False, "lifespan": "on", "backlog": 8192}
-        kw.update(uvicorn_kw)
-        self.server = uvicorn.Server(uvicorn.Config(app, **kw))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def start(self, timeout: float = 20.0) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"server on port {self.port} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-        self.sock.close()
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def main() -> None:

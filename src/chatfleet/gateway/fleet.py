@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 
 from chatfleet.errors import ChatfleetError, ConfigError
+from chatfleet.loopback import free_port
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,6 @@ class FleetError(ChatfleetError):
     """An engine process of the fleet failed to start."""
 
     error_type = "fleet_error"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
