@@ -64,6 +64,12 @@ def _ours(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int)
     return LaunchSpec(argv, _thread_env(threads), SERVED_NAME)
 
 
+def _ours_onednn(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+    spec = _ours(model_dir, port, threads, kv_bytes, max_len)
+    launcher = str(BENCH_DIR / "onednn_linear.py")
+    return LaunchSpec([spec.argv[0], launcher, *spec.argv[3:]], spec.env, spec.request_model)
+
+
 def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
     argv = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
@@ -110,6 +116,9 @@ def _force_hf(n: int) -> dict[str, Any]:
 
 BACKENDS: dict[str, Backend] = {
     "ours": Backend("ours", "chatfleet", _ours, _force_openai_ext, True, lambda: True, ""),
+    # Opt-in experiment: ours with oneDNN linear layers (see onednn_linear.py).
+    "ours_onednn": Backend("ours_onednn", "chatfleet+oneDNN", _ours_onednn, _force_openai_ext, True,
+                           lambda: True, ""),
     "vllm": Backend(
         "vllm", "vLLM CPU", _vllm, _force_openai_ext, True, VLLM_PY.exists,
         "bash benchmarks/setup_baselines.sh vllm",
@@ -121,10 +130,13 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+DEFAULT_BACKENDS = ("ours", "vllm", "hf")
+
+
 def select_backends(only: str | None) -> list[Backend]:
     """'ours,vllm' -> those backends in that order; unknown names fail listing the valid ones."""
     if not only:
-        return list(BACKENDS.values())
+        return [BACKENDS[n] for n in DEFAULT_BACKENDS]
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:

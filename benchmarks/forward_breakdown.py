@@ -22,38 +22,16 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, load_average  # noqa: E402
+from onednn_linear import use_onednn  # noqa: E402
 
 CATEGORIES = {  # profiler op name fragments -> category
     "linear": ("aten::linear", "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"),
     "attention": ("scaled_dot_product", "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::index_select",
                   "aten::index_copy_"),
 }
-
-
-class OneDNNLinear(torch.nn.Module):
-    """nn.Linear through oneDNN with the weight prepacked once (no bias: Qwen3 has none)."""
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-def use_onednn(model: torch.nn.Module) -> None:
-    for name, mod in list(model.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(mod, child_name, OneDNNLinear(child))
-    if getattr(model, "lm_head", None) is not None:
-        head = model.lm_head
-        model.compute_logits = lambda h: head(h).float()  # type: ignore[method-assign]
 
 
 def make_step(model, cfg, kv_caches, block_size: int, decode_ctx: list[int], chunk_lens: list[int]):
