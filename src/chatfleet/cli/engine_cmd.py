@@ -15,6 +15,9 @@ def engine(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind."),
     dtype: str = typer.Option(_E.dtype, "--dtype", help="float32, bfloat16 or float16."),
+    kernels: str = typer.Option(
+        _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
+    ),
     kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool size in tokens."),
     kv_cache_memory: str | None = typer.Option(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
@@ -47,6 +50,7 @@ def engine(
             model=model,
             served_model_name=served_model_name,
             dtype=dtype,
+            kernels=kernels,
             seed=seed,
             max_model_len=max_model_len,
             num_threads=threads,

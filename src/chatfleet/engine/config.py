@@ -24,6 +24,9 @@ def parse_memory_size(value: str | int | float) -> int:
     return int(number * scale)
 
 
+KERNEL_BACKENDS = ("auto", "onednn", "torch")  # see engine/models/linear.py
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -79,6 +82,7 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
+    kernels: str = "auto"  # model kernels: auto (oneDNN on CPU where available), onednn, torch
     seed: int = 0
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads; None: leave as is
@@ -88,5 +92,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if self.kernels not in KERNEL_BACKENDS:
+            raise ConfigError(f"unknown kernel backend {self.kernels!r}; valid: {', '.join(KERNEL_BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be >= 1")

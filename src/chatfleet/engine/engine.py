@@ -98,7 +98,8 @@ class Engine:
             import torch
 
             torch.set_num_threads(config.num_threads)
-        return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device)
+        return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
+                          kernels=config.kernels)
 
     # ---- requests -----------------------------------------------------------------------------
     @property

@@ -16,8 +16,13 @@ NUM_BLOCKS = 64
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("paged") / "m", size="tiny", seed=0))
+def folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("paged") / "m", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="module", params=["torch", "auto"])
+def loaded(folder, request):
+    return load_model(folder, kernels=request.param)
 
 
 def _plain_logits(model, tokens):

@@ -8,11 +8,18 @@ import shutil
 import pytest
 import torch
 
+from chatfleet.engine.models.linear import onednn_available
 from chatfleet.engine.models.loader import load_model
 from chatfleet.errors import ConfigError
 from chatfleet.models.tiny import build_tiny_model
 
 VOCAB = 4096  # the tiny tokenizer's vocabulary, copied into every folder
+
+KERNELS = [
+    "torch",
+    pytest.param("onednn", marks=pytest.mark.skipif(not onednn_available(torch.device("cpu"), torch.float32),
+                                                     reason="no oneDNN")),
+]
 
 # (hidden, heads, kv heads, head_dim, tied): GQA ratios 1, 2, 4; head_dim != hidden/heads.
 CONFIGS = [
@@ -55,9 +62,9 @@ def _save(model, folder, tokenizer_files, **kw):
     return folder
 
 
-def _compare(hf_model, folder, dtype="float32", n=48):
+def _compare(hf_model, folder, dtype="float32", n=48, kernels="auto"):
     ids = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(1))
-    loaded = load_model(folder, dtype=dtype)
+    loaded = load_model(folder, dtype=dtype, kernels=kernels)
     with torch.inference_mode():
         ref = hf_model(ids).logits[0].float()
         ours = loaded.model.compute_logits(loaded.model(ids[0], torch.arange(n)))
@@ -65,12 +72,21 @@ def _compare(hf_model, folder, dtype="float32", n=48):
     return (ours - ref).abs().max().item()
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("hidden,heads,kv_heads,head_dim,tied", CONFIGS)
-def test_logits_match_transformers(tmp_path, tokenizer_files, hidden, heads, kv_heads, head_dim, tied):
+def test_logits_match_transformers(tmp_path, tokenizer_files, hidden, heads, kv_heads, head_dim, tied, kernels):
     hf = _hf_model(hidden, heads, kv_heads, head_dim, tied)
     folder = _save(hf, tmp_path / "m", tokenizer_files)
     assert ("lm_head.weight" in json.dumps(list(hf.state_dict()))) or tied
-    assert _compare(hf, folder) <= 1e-4
+    assert _compare(hf, folder, kernels=kernels) <= 1e-4
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_long_sequence_matches_transformers(tmp_path, tokenizer_files, kernels):
+    """Longer than one block of query rows of the oneDNN prefill attention."""
+    hf = _hf_model(64, 8, 2, 24, False, seed=3)
+    folder = _save(hf, tmp_path / "m", tokenizer_files)
+    assert _compare(hf, folder, n=300, kernels=kernels) <= 1e-4
 
 
 def test_sharded_checkpoint(tmp_path, tokenizer_files):
@@ -91,7 +107,8 @@ def test_bf16_checkpoint_loads_as_float32_and_bfloat16(tmp_path, tokenizer_files
     assert _compare(hf, folder, dtype="float32") <= 1e-4
     loaded = load_model(folder, dtype="bfloat16")
     assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
-    assert _compare(hf, folder, dtype="bfloat16") <= 0.1  # bf16 arithmetic, same weights
+    for kernels in ("torch", "auto"):  # bf16 arithmetic, same weights
+        assert _compare(hf, folder, dtype="bfloat16", kernels=kernels) <= 0.1
 
 
 def test_unsupported_architecture_is_clear(tmp_path, tokenizer_files):
@@ -102,6 +119,11 @@ def test_unsupported_architecture_is_clear(tmp_path, tokenizer_files):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="unsupported architecture.*Qwen3ForCausalLM"):
         load_model(folder)
+
+
+def test_unknown_kernels_are_clear(tokenizer_files):
+    with pytest.raises(ConfigError, match="unknown kernel backend 'fast'; valid: auto, onednn, torch"):
+        load_model(tokenizer_files, kernels="fast")
 
 
 def test_missing_weights_are_clear(tmp_path, tokenizer_files):

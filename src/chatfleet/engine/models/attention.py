@@ -8,7 +8,7 @@ head_dim]`` directly, ready for batched matmuls without another copy.
 
 The runner orders a step's tokens as: single-token queries first (decodes, one per sequence),
 then multi-token chunks (prefill). Decodes run as one padded gather plus two batched matmuls;
-each multi-token chunk runs one SDPA call over its sequence's cached keys with a causal offset.
+each multi-token chunk runs ``chunk_attention`` over its sequence's keys with a causal offset.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+
+from chatfleet.engine.models.prefill_attention import chunk_attention
 
 
 @dataclass
@@ -60,7 +61,6 @@ class ChunkSpan:
     query_len: int
     start_position: int  # tokens of this sequence already in the cache before this step
     block_ids: torch.Tensor  # [ceil(context_len / block_size)] long; unused when start_position == 0
-    causal_mask: torch.Tensor | None  # [query_len, context_len] bool; None: plain causal (no prefix)
 
     @property
     def context_len(self) -> int:
@@ -133,10 +133,7 @@ def build_attention_metadata(
         block_ids = torch.tensor(table[:nblocks], dtype=torch.long, device=device)
         pos = torch.arange(start, ctx, device=device)
         slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
-        mask = None
-        if start > 0:
-            mask = torch.arange(ctx, device=device)[None, :] <= pos[:, None]
-        chunks.append(ChunkSpan(query_start, n, start, block_ids, mask))
+        chunks.append(ChunkSpan(query_start, n, start, block_ids))
         query_start += n
 
     return AttentionMetadata(
@@ -150,14 +147,10 @@ def build_attention_metadata(
     )
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     kernels: str = "torch") -> torch.Tensor:
     """Plain causal attention of one sequence. q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]."""
-    # 4-D inputs (batch of one) take the fused CPU kernel; 3-D ones fall back to the math path.
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        is_causal=True, scale=scale, enable_gqa=True,
-    )
-    return out[0].transpose(0, 1)
+    return chunk_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0, scale, kernels)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None,
@@ -193,8 +186,11 @@ def _decode_attention(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, 
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Write the step's new k/v into the cache, then attend. q: [T, Hq, D]; k, v: [T, Hkv, D]."""
+                    meta: AttentionMetadata, scale: float, kernels: str = "torch") -> torch.Tensor:
+    """Write the step's new k/v into the cache, then attend. q: [T, Hq, D]; k, v: [T, Hkv, D].
+
+    ``kernels``: the resolved kernel backend for multi-token chunks (``onednn`` or ``torch``).
+    """
     num_kv_heads, num_blocks, block_size, head_dim = cache.key.shape
     flat_k = cache.key.view(num_kv_heads, num_blocks * block_size, head_dim)
     flat_v = cache.value.view(num_kv_heads, num_blocks * block_size, head_dim)
@@ -210,14 +206,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     for c in meta.chunks:
         qs = slice(c.query_start, c.query_start + c.query_len)
         if c.start_position == 0:  # nothing cached before: attend over the chunk itself
-            out[qs] = causal_attention(q[qs], k[qs], v[qs], scale)
-            continue
-        ctx = c.context_len
-        kc = cache.key.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
-        vc = cache.value.index_select(1, c.block_ids).view(num_kv_heads, -1, head_dim)[:, :ctx]
-        oc = F.scaled_dot_product_attention(
-            q[qs].transpose(0, 1)[None], kc[None], vc[None], attn_mask=c.causal_mask, scale=scale,
-            enable_gqa=True,
-        )
-        out[qs] = oc[0].transpose(0, 1)
+            kc, vc = k[qs].transpose(0, 1), v[qs].transpose(0, 1)
+        else:  # the whole context from the cache: [Hkv, blocks * block_size, D], first ctx rows
+            ctx = c.context_len
+            kc = _gather(cache.key, c.block_ids, meta.workspace, "ck").view(num_kv_heads, -1, head_dim)[:, :ctx]
+            vc = _gather(cache.value, c.block_ids, meta.workspace, "cv").view(num_kv_heads, -1, head_dim)[:, :ctx]
+        out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels)
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from chatfleet.engine.models.linear import resolve_kernel_backend
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import ConfigError
@@ -43,6 +44,7 @@ class LoadedModel:
     path: Path
     dtype: torch.dtype
     device: torch.device
+    kernels: str = "torch"  # the resolved kernel backend: "onednn" or "torch"
 
     @property
     def max_model_len(self) -> int:
@@ -142,19 +144,24 @@ def load_weights(model: Qwen3ForCausalLM, folder: Path) -> None:
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> LoadedModel:
-    """Build the model from ``path`` (an HF Qwen3 folder) in ``dtype`` on ``device``."""
+               device: str | torch.device = "cpu", kernels: str = "auto") -> LoadedModel:
+    """Build the model from ``path`` (an HF Qwen3 folder) in ``dtype`` on ``device``.
+
+    ``kernels``: ``auto`` (oneDNN on CPU where available), ``onednn`` or ``torch``; see linear.py.
+    """
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(folder)!r} does not exist")
     cfg = read_config(folder)
     torch_dtype = resolve_dtype(dtype)
     dev = torch.device(device)
+    backend = resolve_kernel_backend(kernels, dev, torch_dtype)
     with torch.device("meta"):  # no memory, no init: set the dtype first, then place
         model = Qwen3ForCausalLM(cfg).to(torch_dtype)
     model = model.to_empty(device=dev)
     load_weights(model, folder)
     model.eval().requires_grad_(False)
+    model.use_kernels(backend)
     model.init_rotary()
     return LoadedModel(
         model=model,
@@ -163,4 +170,5 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
         path=folder,
         dtype=torch_dtype,
         device=dev,
+        kernels=backend,
     )

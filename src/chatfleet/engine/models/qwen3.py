@@ -4,7 +4,8 @@
 ``model.compute_logits(hidden[N, H]) -> [N, V]`` (float32). With ``attn_metadata=None`` the
 tokens are one sequence under plain causal attention (no cache).
 q/k/v and gate/up projections are fused (``qkv_proj``, ``gate_up_proj``); the loader maps the
-Hugging Face parameter names onto them.
+Hugging Face parameter names onto them. ``use_kernels("onednn")`` prepacks every linear for
+oneDNN and routes prefill attention through it (see ``linear.py``); the default is ``torch``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
+from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -127,11 +129,12 @@ class Qwen3Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
+        self.kernels = "torch"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
@@ -141,10 +144,10 @@ class Qwen3Attention(nn.Module):
         k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if meta is None:
-            out = causal_attention(q, k, v, self.scale)
+            out = causal_attention(q, k, v, self.scale, self.kernels)
         else:
             assert cache is not None
-            out = paged_attention(q, k, v, cache, meta, self.scale)
+            out = paged_attention(q, k, v, cache, meta, self.scale, self.kernels)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -152,12 +155,12 @@ class Qwen3MLP(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -181,8 +184,23 @@ class Qwen3ForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary: Rotary | None = None
+        self.kernels = "torch"
+
+    def use_kernels(self, kernels: str) -> None:
+        """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
+        if kernels not in ("onednn", "torch"):
+            raise ValueError(f"kernels must be 'onednn' or 'torch', got {kernels!r}")
+        if self.kernels == "onednn" and kernels != "onednn":
+            raise ValueError("linears already packed for oneDNN cannot go back to torch")
+        if kernels == "onednn":
+            for module in self.modules():
+                if isinstance(module, Linear):
+                    module.pack()
+        for layer in self.layers:
+            layer.self_attn.kernels = kernels
+        self.kernels = kernels
 
     def init_rotary(self) -> None:
         """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""
@@ -204,5 +222,8 @@ class Qwen3ForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self.kernels == "onednn":  # tied: the embedding table, unpacked (lookups need it plain)
+            return onednn_matmul_nt(hidden.contiguous(), self.embed_tokens.weight).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()

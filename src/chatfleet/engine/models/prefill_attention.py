@@ -1,0 +1,86 @@
+"""Causal attention of one multi-token chunk over its sequence's keys and values.
+
+``chunk_attention(q, k, v, start, scale)``: q [n, Hq, D] holds positions ``start .. start+n-1``;
+k, v [Hkv, start + n, D] cover the whole context. With the ``onednn`` kernels it runs as blocks
+of query rows through oneDNN matrix products: each block of rows multiplies only the keys up to
+its own last position (so about half the products of a full square), the ``g = Hq / Hkv``
+query heads of one KV head are stacked into one matrix (one product per KV head, no copies of
+K/V per query head), and softmax is computed in float32: on CPU about 1.4-2x faster than
+PyTorch's fused SDPA kernel, whose products go through MKL. With ``torch`` it calls
+``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from chatfleet.engine.models.linear import onednn_matmul_nt
+
+QUERY_BLOCK = 128  # query positions per block (best of 64..512 for 500- and 2,000-token prompts)
+
+
+@lru_cache(maxsize=64)
+def _diagonal_bias(n: int, group: int, device: torch.device) -> torch.Tensor:
+    """[n * group, n] float32: 0 where row r's position (r // group) may see column c, else -inf."""
+    rows = torch.arange(n, device=device).repeat_interleave(group)
+    cols = torch.arange(n, device=device)
+    bias = torch.zeros(n * group, n, dtype=torch.float32, device=device)
+    return bias.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+
+
+def _onednn_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                            scale: float) -> torch.Tensor:
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[0]
+    group = num_heads // num_kv_heads
+    # [Hkv, n, group, D]: a block of query rows of one KV head is one contiguous [rows * group, D].
+    qh = (q * scale).view(n, num_kv_heads, group, head_dim).transpose(0, 1).contiguous()
+    if k.stride(2) != 1 or k.stride(1) != head_dim:  # each head's rows must be contiguous
+        k = k.contiguous()
+    vt = v.transpose(1, 2).contiguous()  # [Hkv, D, ctx]: P @ V = P @ (V^T)^T
+    out = torch.empty(num_kv_heads, n, group, head_dim, dtype=q.dtype, device=q.device)
+    for qs in range(0, n, QUERY_BLOCK):
+        qe = min(n, qs + QUERY_BLOCK)
+        rows = qe - qs
+        kv_end = start + qe  # keys this block may see
+        bias = _diagonal_bias(rows, group, q.device)
+        for h in range(num_kv_heads):
+            scores = onednn_matmul_nt(qh[h, qs:qe].view(rows * group, head_dim), k[h, :kv_end])
+            if scores.dtype != torch.float32:
+                scores = scores.float()
+            scores[:, start + qs : kv_end].add_(bias)
+            probs = scores.softmax(dim=-1)
+            if probs.dtype != q.dtype:
+                probs = probs.to(q.dtype)
+            vh = vt[h, :, :kv_end]
+            out[h, qs:qe] = onednn_matmul_nt(probs, vh if kv_end == vt.shape[2] else vh.contiguous()).view(
+                rows, group, head_dim)
+    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
+
+
+def _sdpa_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                          scale: float) -> torch.Tensor:
+    n = q.shape[0]
+    mask = None
+    if start > 0:
+        ctx = start + n
+        pos = torch.arange(start, ctx, device=q.device)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]
+    # 4-D inputs (batch of one) take the fused CPU kernel; 3-D ones fall back to the math path.
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
+                                         is_causal=start == 0, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
+                    kernels: str = "torch") -> torch.Tensor:
+    """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n, D].
+
+    ``kernels``: a resolved kernel backend, ``onednn`` or ``torch``.
+    """
+    if kernels == "onednn":
+        return _onednn_chunk_attention(q, k, v, start, scale)
+    return _sdpa_chunk_attention(q, k, v, start, scale)
