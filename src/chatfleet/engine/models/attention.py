@@ -7,7 +7,8 @@ Heads come first so that gathering a batch's blocks yields ``[num_kv_heads * bat
 head_dim]`` directly, ready for batched matmuls without another copy.
 
 The runner orders a step's tokens as: single-token queries first (decodes, one per sequence),
-then multi-token chunks (prefill). Decodes run as one padded gather plus two batched matmuls;
+then multi-token chunks (prefill). Decodes run as one padded gather of keys, one batched matmul
+for the scores and, on CPU, ``embedding_bag`` weighted sums of the value rows in place (no copy);
 each multi-token chunk runs ``chunk_attention`` over its sequence's keys with a causal offset.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from chatfleet.engine.models.prefill_attention import chunk_attention
 
@@ -80,6 +82,7 @@ class AttentionMetadata:
     chunks: list[ChunkSpan] = field(default_factory=list)
     workspace: Workspace | None = None  # reusable gather buffers (saves page faults per layer)
     _decode_bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _decode_bags: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def decode_bias(self, num_kv_heads: int) -> torch.Tensor:
         """Additive float32 mask [num_kv_heads * num_decodes, 1, span] (0 or -inf), built once per step."""
@@ -90,6 +93,24 @@ class AttentionMetadata:
             bias = zeros.masked_fill_(~self.decode_mask, float("-inf")).repeat(num_kv_heads, 1).unsqueeze(1)
             self._decode_bias[num_kv_heads] = bias
         return bias
+
+    def decode_bags(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embedding_bag`` indices and offsets for P @ V straight from one head's cache rows.
+
+        One bag per (sequence, query head of a group): the cache slots of the sequence's padded
+        span, ``[num_decodes * group * span]`` long, and the bag offsets ``[num_decodes * group]``.
+        """
+        bags = self._decode_bags.get(group)
+        if bags is None:
+            assert self.decode_block_ids is not None
+            d, bs = self.num_decodes, self.block_size
+            span = self.decode_max_blocks * bs
+            ids = self.decode_block_ids.view(d, self.decode_max_blocks, 1) * bs
+            slots = (ids + torch.arange(bs, device=ids.device)).view(d, 1, span)
+            index = slots.expand(d, group, span).reshape(-1)
+            offsets = torch.arange(0, d * group * span, span, device=ids.device)
+            bags = self._decode_bags[group] = (index, offsets)
+        return bags
 
 
 def build_attention_metadata(
@@ -172,7 +193,6 @@ def _decode_attention(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, 
     assert meta.decode_block_ids is not None
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = _gather(cache.key, meta.decode_block_ids, meta.workspace, "k").view(num_kv_heads * d, span, head_dim)
-    v = _gather(cache.value, meta.decode_block_ids, meta.workspace, "v").view(num_kv_heads * d, span, head_dim)
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = meta.decode_bias(num_kv_heads)
@@ -180,7 +200,18 @@ def _decode_attention(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, 
         scores = torch.baddbmm(bias, qg, k.transpose(1, 2), alpha=scale)
     else:  # low-precision inputs: softmax in float32
         scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
-    probs = scores.softmax(dim=-1).to(v.dtype)
+    probs = scores.softmax(dim=-1).to(q.dtype)  # [Hkv * d, group, span]; padding gets weight 0
+    if q.device.type == "cpu":
+        # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy.
+        index, offsets = meta.decode_bags(group)
+        out = torch.empty(d, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
+        flat_v = cache.value.view(num_kv_heads, -1, head_dim)
+        for h in range(num_kv_heads):
+            weights = probs[h * d : (h + 1) * d].reshape(-1)
+            out[:, h] = F.embedding_bag(index, flat_v[h], offsets, mode="sum",
+                                        per_sample_weights=weights).view(d, group, head_dim)
+        return out.view(d, num_heads, head_dim)
+    v = _gather(cache.value, meta.decode_block_ids, meta.workspace, "v").view(num_kv_heads * d, span, head_dim)
     out = torch.bmm(probs, v)  # [Hkv * d, group, D]
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
