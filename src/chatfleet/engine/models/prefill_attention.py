@@ -36,12 +36,14 @@ def _onednn_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[0]
     group = num_heads // num_kv_heads
-    # [Hkv, n, group, D]: a block of query rows of one KV head is one contiguous [rows * group, D].
-    qh = (q * scale).view(n, num_kv_heads, group, head_dim).transpose(0, 1).contiguous()
+    # [Hkv, n, group, D]: a block of query rows of one KV head is one contiguous [rows * group, D]
+    # (scaled and laid out in one pass).
+    qh = torch.empty(num_kv_heads, n, group, head_dim, dtype=q.dtype, device=q.device)
+    torch.mul(q.view(n, num_kv_heads, group, head_dim).transpose(0, 1), scale, out=qh)
     if k.stride(2) != 1 or k.stride(1) != head_dim:  # each head's rows must be contiguous
         k = k.contiguous()
     vt = v.transpose(1, 2).contiguous()  # [Hkv, D, ctx]: P @ V = P @ (V^T)^T
-    out = torch.empty(num_kv_heads, n, group, head_dim, dtype=q.dtype, device=q.device)
+    out = torch.empty(n, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
     for qs in range(0, n, QUERY_BLOCK):
         qe = min(n, qs + QUERY_BLOCK)
         rows = qe - qs
@@ -56,9 +58,9 @@ def _onednn_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
             if probs.dtype != q.dtype:
                 probs = probs.to(q.dtype)
             vh = vt[h, :, :kv_end]
-            out[h, qs:qe] = onednn_matmul_nt(probs, vh if kv_end == vt.shape[2] else vh.contiguous()).view(
+            out[qs:qe, h] = onednn_matmul_nt(probs, vh if kv_end == vt.shape[2] else vh.contiguous()).view(
                 rows, group, head_dim)
-    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
+    return out.view(n, num_heads, head_dim)
 
 
 def _sdpa_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
