@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from chatfleet.engine.models.attention import KVCache, build_attention_metadata
+from chatfleet.engine.models.decode_attention import DECODE_PAD_LIMIT, group_decodes
 from chatfleet.engine.models.loader import load_model
 from chatfleet.models.tiny import build_tiny_model
 
@@ -30,7 +31,7 @@ def _plain_logits(model, tokens):
         return model.compute_logits(model(torch.tensor(tokens), torch.arange(len(tokens))))
 
 
-def _run_step(model, caches, seqs, plan):
+def _run_step(model, caches, seqs, plan, pad_limit=DECODE_PAD_LIMIT):
     """plan: list of (seq index, start, n). Decodes (n == 1) must come first, as the runner orders them."""
     decodes = [p for p in plan if p[2] == 1]
     chunks = [p for p in plan if p[2] > 1]
@@ -46,6 +47,7 @@ def _run_step(model, caches, seqs, plan):
         chunk_lens=[n for _, _, n in chunks],
         chunk_block_tables=[seqs[i]["table"] for i, _, _ in chunks],
         device="cpu",
+        decode_pad_limit=pad_limit,
     )
     with torch.inference_mode():
         logits = model.compute_logits(model(torch.tensor(ids), torch.tensor(pos), meta, caches))
@@ -55,8 +57,8 @@ def _run_step(model, caches, seqs, plan):
         row += n
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_paged_equals_plain(loaded, seed):
+@pytest.mark.parametrize("seed,pad_limit", [(0, DECODE_PAD_LIMIT), (1, DECODE_PAD_LIMIT), (2, 0)])
+def test_paged_equals_plain(loaded, seed, pad_limit):
     rng = random.Random(seed)
     model, cfg = loaded.model, loaded.config
     caches = [KVCache.allocate(NUM_BLOCKS, BLOCK, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
@@ -81,12 +83,23 @@ def test_paged_equals_plain(loaded, seed):
                 s["done"] += n
                 budget -= n
         plan.sort(key=lambda p: p[2] != 1)
-        _run_step(model, caches, seqs, plan)
+        _run_step(model, caches, seqs, plan, pad_limit)
     for _ in range(decode_steps):
         plan = [(i, s["done"], 1) for i, s in enumerate(seqs)]
+        rng.shuffle(plan)  # any order; pad_limit 0 then splits decodes into many groups
         for s in seqs:
             s["done"] += 1
-        _run_step(model, caches, seqs, plan)
+        _run_step(model, caches, seqs, plan, pad_limit)
     for s in seqs:
         ref = _plain_logits(model, s["tokens"])
         assert (s["logits"] - ref).abs().max().item() < 1e-5
+
+
+def test_decode_groups_split_where_padding_costs():
+    assert group_decodes([], 16) == []
+    assert group_decodes([3, 3, 4], 16) == [range(0, 3)]
+    # three 2-block contexts would pad 3 * 48 blocks * 16 = 2,304 tokens next to a 50-block one
+    assert group_decodes([2, 2, 2, 50], 16) == [range(0, 3), range(3, 4)]
+    assert group_decodes([2, 2, 2, 50], 16, pad_limit=4096) == [range(0, 4)]
+    assert group_decodes([1, 2, 3], 16, pad_limit=0) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert group_decodes([5, 5, 5], 16, pad_limit=0) == [range(0, 3)]

@@ -135,7 +135,8 @@ class TorchRunner:
         chunks = scheduler_output.chunks
         for c in chunks:
             self._check_chunk(c)
-        decodes = [c for c in chunks if c.num_tokens == 1]
+        # Decodes first, shortest context first (decode attention groups similar lengths).
+        decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.context_length)
         prefills = [c for c in chunks if c.num_tokens > 1]
         order = decodes + prefills
 

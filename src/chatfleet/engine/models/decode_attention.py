@@ -1,0 +1,135 @@
+"""Single-token queries (decodes) over the paged cache, in groups of similar context length.
+
+Decodes of one group run as one padded gather of their keys, one batched matmul for the
+scores and, on CPU, ``embedding_bag`` weighted sums of the value rows read in place (no copy
+of V); elsewhere a gather of V and a second batched matmul. Every sequence of a group is
+padded to the group's longest context, so the runner sorts decodes by context length and
+``group_decodes`` starts a new group where padding would cost more than ``DECODE_PAD_LIMIT``
+tokens: a batch of 500-token chats and one 8,000-token chat does not pad every chat to 8,000.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from chatfleet.engine.models.workspace import Workspace, gather_blocks
+
+DECODE_PAD_LIMIT = 2048  # padded tokens a group may carry (a group costs about 1,000 tokens' work)
+
+
+@dataclass
+class DecodeGroup:
+    """Decodes ``[start, start + count)`` of the step, padded to ``max_blocks`` blocks each."""
+
+    start: int
+    count: int
+    max_blocks: int
+    block_size: int
+    block_ids: torch.Tensor  # [count * max_blocks] long, row-major, padded with a valid block
+    mask: torch.Tensor  # [count, max_blocks * block_size] bool, True: attend
+    _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _bags: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    @property
+    def span(self) -> int:
+        return self.max_blocks * self.block_size
+
+    def bias(self, num_kv_heads: int) -> torch.Tensor:
+        """Additive float32 mask [num_kv_heads * count, 1, span] (0 or -inf), built once per step."""
+        bias = self._bias.get(num_kv_heads)
+        if bias is None:
+            zeros = torch.zeros(self.mask.shape, dtype=torch.float32, device=self.mask.device)
+            bias = zeros.masked_fill_(~self.mask, float("-inf")).repeat(num_kv_heads, 1).unsqueeze(1)
+            self._bias[num_kv_heads] = bias
+        return bias
+
+    def bags(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embedding_bag`` indices [count * group * span] and offsets [count * group]: one bag
+        per (sequence, query head of a KV group) over the cache slots of the sequence's span."""
+        bags = self._bags.get(group)
+        if bags is None:
+            d, bs, span = self.count, self.block_size, self.span
+            ids = self.block_ids.view(d, self.max_blocks, 1) * bs
+            slots = (ids + torch.arange(bs, device=ids.device)).view(d, 1, span)
+            index = slots.expand(d, group, span).reshape(-1)
+            offsets = torch.arange(0, d * group * span, span, device=ids.device)
+            bags = self._bags[group] = (index, offsets)
+        return bags
+
+
+def group_decodes(num_blocks: list[int], block_size: int, pad_limit: int = DECODE_PAD_LIMIT) -> list[range]:
+    """Split decodes (in the given order) into contiguous groups padding at most ``pad_limit`` tokens."""
+    groups: list[range] = []
+    start = longest = total = 0
+    for i, n in enumerate(num_blocks):
+        longest_if, total_if = max(longest, n), total + n
+        if i > start and (longest_if * (i - start + 1) - total_if) * block_size > pad_limit:
+            groups.append(range(start, i))
+            start, longest_if, total_if = i, n, n
+        longest, total = longest_if, total_if
+    if num_blocks:
+        groups.append(range(start, len(num_blocks)))
+    return groups
+
+
+def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], block_size: int,
+                        device: torch.device | str, pad_limit: int = DECODE_PAD_LIMIT) -> list[DecodeGroup]:
+    """``context_lens[i]`` counts decode i's own new token; tables may be longer than needed."""
+    nblocks = [(ctx + block_size - 1) // block_size for ctx in context_lens]
+    groups: list[DecodeGroup] = []
+    for r in group_decodes(nblocks, block_size, pad_limit):
+        max_blocks = max(nblocks[i] for i in r)
+        flat: list[int] = []
+        for i in r:
+            flat.extend(block_tables[i][: nblocks[i]])
+            flat.extend([0] * (max_blocks - nblocks[i]))  # padding: any valid block, masked out
+        lens = torch.tensor([context_lens[i] for i in r], dtype=torch.long, device=device)
+        span = torch.arange(max_blocks * block_size, device=device)
+        groups.append(DecodeGroup(r.start, len(r), max_blocks, block_size,
+                                  torch.tensor(flat, dtype=torch.long, device=device), span[None, :] < lens[:, None]))
+    return groups
+
+
+def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
+                     workspace: Workspace | None, scale: float) -> torch.Tensor:
+    num_kv_heads, _, _, head_dim = key.shape
+    d, num_heads, _ = q.shape
+    group = num_heads // num_kv_heads
+    # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
+    k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
+    # q heads h * group .. h * group + group - 1 share kv head h.
+    qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
+    bias = g.bias(num_kv_heads)
+    if q.dtype == torch.float32:
+        scores = torch.baddbmm(bias, qg, k.transpose(1, 2), alpha=scale)
+    else:  # low-precision inputs: softmax in float32
+        scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
+    probs = scores.softmax(dim=-1).to(q.dtype)  # [Hkv * d, group, span]; padding gets weight 0
+    if q.device.type == "cpu":
+        # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy.
+        index, offsets = g.bags(group)
+        out = torch.empty(d, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
+        flat_v = value.view(num_kv_heads, -1, head_dim)
+        for h in range(num_kv_heads):
+            weights = probs[h * d : (h + 1) * d].reshape(-1)
+            out[:, h] = F.embedding_bag(index, flat_v[h], offsets, mode="sum",
+                                        per_sample_weights=weights).view(d, group, head_dim)
+        return out.view(d, num_heads, head_dim)
+    v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
+    out = torch.bmm(probs, v)  # [Hkv * d, group, D]
+    return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+
+
+def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[DecodeGroup],
+                     workspace: Workspace | None, scale: float) -> torch.Tensor:
+    """q [d, Hq, D], one query per sequence, over the layer's cache key/value -> [d, Hq, D]."""
+    if len(groups) == 1:
+        return _group_attention(q, key, value, groups[0], workspace, scale)
+    out = torch.empty_like(q)
+    for g in groups:
+        out[g.start : g.start + g.count] = _group_attention(q[g.start : g.start + g.count], key, value, g,
+                                                            workspace, scale)
+    return out
