@@ -64,10 +64,9 @@ def _ours(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int)
     return LaunchSpec(argv, _thread_env(threads), SERVED_NAME)
 
 
-def _ours_onednn(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+def _ours_torch(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
     spec = _ours(model_dir, port, threads, kv_bytes, max_len)
-    launcher = str(BENCH_DIR / "onednn_linear.py")
-    return LaunchSpec([spec.argv[0], launcher, *spec.argv[3:]], spec.env, spec.request_model)
+    return LaunchSpec([*spec.argv, "--kernels", "torch"], spec.env, spec.request_model)
 
 
 def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
@@ -116,9 +115,9 @@ def _force_hf(n: int) -> dict[str, Any]:
 
 BACKENDS: dict[str, Backend] = {
     "ours": Backend("ours", "chatfleet", _ours, _force_openai_ext, True, lambda: True, ""),
-    # Opt-in experiment: ours with oneDNN linear layers (see onednn_linear.py).
-    "ours_onednn": Backend("ours_onednn", "chatfleet+oneDNN", _ours_onednn, _force_openai_ext, True,
-                           lambda: True, ""),
+    # Opt-in: ours on plain PyTorch kernels (F.linear, SDPA), to see what the oneDNN kernels add.
+    "ours_torch": Backend("ours_torch", "chatfleet --kernels torch", _ours_torch, _force_openai_ext, True,
+                          lambda: True, ""),
     "vllm": Backend(
         "vllm", "vLLM CPU", _vllm, _force_openai_ext, True, VLLM_PY.exists,
         "bash benchmarks/setup_baselines.sh vllm",
