@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -23,6 +24,40 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
 RESULTS_DIR = BENCH_DIR / "results"
+
+
+TEMPLATE_OVERHEAD = 8  # ChatML tokens around one user message plus the generation prompt
+
+
+class PromptFactory:
+    """Distinct prompts of about n tokens (by the served model's own tokenizer)."""
+
+    def __init__(self, model_dir: Path, seed: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        try:
+            from chatfleet.models.corpus import corpus_files
+
+            words = corpus_files().get("en", "").split()
+        except ImportError:
+            words = []
+        rng = random.Random(seed)
+        self.words = sorted(set(words)) or [
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+            for _ in range(5000)
+        ]
+        self.seed = seed
+        self.counter = 0
+
+    def make(self, n_tokens: int) -> str:
+        self.counter += 1
+        rng = random.Random(self.seed * 1_000_003 + self.counter)
+        target = max(1, n_tokens - TEMPLATE_OVERHEAD)
+        head = f"Conversation {self.counter}-{rng.randrange(10**9)}:"
+        text = head + " " + " ".join(rng.choices(self.words, k=target))
+        ids = self.tok.encode(text, add_special_tokens=False).ids[:target]
+        return self.tok.decode(ids)
 
 
 def free_port() -> int:

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -31,44 +30,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backends import Backend, select_backends  # noqa: E402
 from common import (  # noqa: E402
-    BENCH_DIR, REPO, RESULTS_DIR, ServerProcess, StreamResult, free_port, load_average,
-    percentile, post_json, stream_chat,
+    BENCH_DIR, REPO, RESULTS_DIR, PromptFactory, ServerProcess, StreamResult, free_port,
+    load_average, percentile, post_json, stream_chat,
 )
 from report_table import merge_rounds, print_report  # noqa: E402
-
-TEMPLATE_OVERHEAD = 8  # ChatML tokens around one user message plus the generation prompt
-
-
-class PromptFactory:
-    """Distinct prompts of about n tokens (by the served model's own tokenizer)."""
-
-    def __init__(self, model_dir: Path, seed: int) -> None:
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        try:
-            from chatfleet.models.corpus import corpus_files
-
-            words = corpus_files().get("en", "").split()
-        except ImportError:
-            words = []
-        rng = random.Random(seed)
-        self.words = sorted(set(words)) or [
-            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
-            for _ in range(5000)
-        ]
-        self.seed = seed
-        self.counter = 0
-
-    def make(self, n_tokens: int) -> str:
-        self.counter += 1
-        rng = random.Random(self.seed * 1_000_003 + self.counter)
-        target = max(1, n_tokens - TEMPLATE_OVERHEAD)
-        head = f"Conversation {self.counter}-{rng.randrange(10**9)}:"
-        text = head + " " + " ".join(rng.choices(self.words, k=target))
-        ids = self.tok.encode(text, add_special_tokens=False).ids[:target]
-        return self.tok.decode(ids)
-
 
 @dataclass(frozen=True)
 class PhaseResult:
