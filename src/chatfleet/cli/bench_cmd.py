@@ -65,6 +65,19 @@ def _protocol(url, mode, duration, warmup, repeats, seed, kind, no_verify, floor
                        verify_reset=not no_verify, clock_floor=floor, transport=transport, api_key=api_key)
 
 
+def _with_bench(proto: RunProtocol, client: ClientConfig, make, action):
+    """Run ``await action(bench)`` with a progress-reporting Bench, closed afterwards."""
+
+    async def go():
+        b = Bench(proto, client, make, ui.ProgressObserver())
+        try:
+            return await action(b)
+        finally:
+            await b.close()
+
+    return run_async(go())
+
+
 def _settings(**kw) -> dict:
     """Every setting of the run for the JSON result; secrets are redacted."""
     out = {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in kw.items()}
@@ -92,14 +105,7 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
         make, counter = source.factory()
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
-        async def go():
-            b = Bench(proto, client, make, ui.ProgressObserver())
-            try:
-                return await b.run_point(level)
-            finally:
-                await b.close()
-
-        point = run_async(go())
+        point = _with_bench(proto, client, make, lambda b: b.run_point(level))
     except ChatfleetError as e:
         _fail(e)
     for run in point.runs:
@@ -138,14 +144,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
         make, counter = source.factory()
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
-        async def go():
-            b = Bench(proto, client, make, ui.ProgressObserver())
-            try:
-                return await sweep(b, spec)
-            finally:
-                await b.close()
-
-        res = run_async(go())
+        res = _with_bench(proto, client, make, lambda b: sweep(b, spec))
         fleet = plan_fleet(res.knee, peak, headroom, price) if peak and res.knee else None
     except ChatfleetError as e:
         _fail(e)
