@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from chatfleet.loopback import free_port  # noqa: F401  (the scripts here import it from common)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
@@ -58,13 +59,6 @@ class PromptFactory:
         text = head + " " + " ".join(rng.choices(self.words, k=target))
         ids = self.tok.encode(text, add_special_tokens=False).ids[:target]
         return self.tok.decode(ids)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_average() -> list[float]:

@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from chatfleet.loopback import free_port
+
 HERE = Path(__file__).resolve().parent
 # `chatfleet gateway --replica URL --port N --queue-size 10000`, without the other CLI groups
 GATEWAY = ("from chatfleet.gateway.app import run_gateway; from chatfleet.gateway.config import GatewayConfig; "
@@ -211,10 +213,6 @@ async def hold(host: str, port: int, streams: int, body: bytes, gateway_url: str
 
 
 # ----------------------------------------------------------------------------- processes
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:

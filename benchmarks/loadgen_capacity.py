@@ -57,7 +57,6 @@ async def measure(url: str, server_pid: int, transport: str, chats: int, duratio
         turns=make("uniform", low=3, high=8))
     w = Workload(profile, 1, EstimateCounter())
     streams: dict[int, list[tuple[int, int]]] = {}
-    in_flight = {"now": 0, "peak": 0}
     t_warm = time.perf_counter_ns() + int(warmup * 1e9)
     inflight_samples: list[int] = []
 

@@ -10,7 +10,8 @@ import pytest
 
 from chatfleet.gateway.app import Gateway, create_app
 from chatfleet.gateway.config import GatewayConfig
-from chatfleet.gateway.fake_replica import FakeBehavior, FakeReplica, ServerThread
+from chatfleet.gateway.fake_replica import FakeBehavior, FakeReplica
+from chatfleet.loopback import ServerThread
 
 
 @dataclass

@@ -21,8 +21,6 @@ from typing import Any
 
 import uvicorn
 
-from chatfleet.loopback import ServerThread  # noqa: F401  (re-exported for tests and benchmarks)
-
 
 @dataclass
 class FakeBehavior:
