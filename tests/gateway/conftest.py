@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from chatfleet.gateway.app import Gateway, create_app
+from chatfleet.gateway.app import create_app
+from chatfleet.gateway.service import Gateway
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.fake_replica import FakeBehavior, FakeReplica
 from chatfleet.loopback import ServerThread

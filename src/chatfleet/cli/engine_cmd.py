@@ -71,7 +71,7 @@ def engine(
             import torch
 
             torch.set_num_threads(threads)
-        from chatfleet.engine.server import run_server
+        from chatfleet.engine.api.server import run_server
 
         run_server(config, host=host, port=port, log_level=log_level)
     except ChatfleetError as e:

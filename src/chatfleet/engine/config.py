@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.errors import ConfigError
 
 
@@ -45,18 +46,11 @@ class CacheConfig:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("kv cache memory must be positive")
 
-    def num_blocks(self, bytes_per_token: int, default_tokens: int = 65536) -> int:
-        if self.num_tokens is not None:
-            return self.num_tokens // self.block_size
+    def plan_pools(self, spec: KVCacheSpec, default_tokens: int = 65536) -> PoolPlan:
+        """The device pools this config buys for a model's KV spec (``kv/spec.py``)."""
         if self.memory_bytes is not None:
-            n = self.memory_bytes // (bytes_per_token * self.block_size)
-            if n < 1:
-                raise ConfigError(
-                    f"kv cache memory {self.memory_bytes} B holds no block "
-                    f"({bytes_per_token * self.block_size} B per block)"
-                )
-            return n
-        return default_tokens // self.block_size
+            return spec.plan_pools(memory_bytes=self.memory_bytes)
+        return spec.plan_pools(num_tokens=self.num_tokens if self.num_tokens is not None else default_tokens)
 
 
 @dataclass(frozen=True)

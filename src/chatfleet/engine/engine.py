@@ -7,6 +7,7 @@ plan on tensors, the scheduler applies the results and the output processor turn
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +15,14 @@ from typing import Any
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.kv.block_pool import KVIntegrityError
 from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.output_processor import OutputProcessor
 from chatfleet.engine.outputs import RequestOutput, RunnerOutput
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,17 @@ class Engine:
     def __init__(self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = None) -> None:
         self.config = config
         model_max_len = None
+        self.kv_spec: KVCacheSpec | None = None  # None for an injected runner that gave none
+        self.pool_plan: PoolPlan | None = None
         vocab_size = getattr(runner, "vocab_size", None)
         if runner is None:
-            from chatfleet.engine.runner.torch_runner import TorchRunner, kv_bytes_per_token
+            from chatfleet.engine.runner.torch_runner import TorchRunner
 
             loaded = self._load_model(config)
-            num_blocks = config.cache.num_blocks(kv_bytes_per_token(loaded.config, config.dtype))
+            self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.dtype)
+            self.pool_plan = config.cache.plan_pools(self.kv_spec)
+            log.info("%s", self.pool_plan.describe())
+            num_blocks = self.pool_plan.pools[0].num_blocks
             runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed)
             tokenizer = tokenizer or loaded.tokenizer
             model_max_len = loaded.max_model_len

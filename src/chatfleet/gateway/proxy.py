@@ -26,7 +26,7 @@ from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_
 from chatfleet.protocol.sse import DONE
 
 if TYPE_CHECKING:
-    from chatfleet.gateway.app import Gateway
+    from chatfleet.gateway.service import Gateway
 
 log = logging.getLogger("chatfleet.gateway")
 

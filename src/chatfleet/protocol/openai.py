@@ -2,7 +2,7 @@
 
 These describe the wire format only, so the gateway and the bench can validate and build
 requests for any OpenAI-compatible server. What the built-in engine supports (n=1, no
-penalties, ...) is checked where a request becomes ``SamplingParams`` (engine/serving.py).
+penalties, ...) is checked where a request becomes ``SamplingParams`` (engine/api/serving.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
 from chatfleet.errors import ConfigError
@@ -83,6 +84,11 @@ class Qwen3Config:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", False)),
         )
+
+    def kv_cache_spec(self, block_size: int = 16, kv_dtype: str = "float32") -> KVCacheSpec:
+        """Every layer is full attention: one layer group."""
+        return KVCacheSpec.uniform(self.num_layers, self.num_kv_heads, self.head_dim,
+                                   block_size=block_size, kv_dtype=kv_dtype)
 
 
 class RMSNorm(nn.Module):

@@ -18,9 +18,9 @@ from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
 
 
 def kv_bytes_per_token(model_config: Qwen3Config, dtype: str | torch.dtype) -> int:
-    """KV cache bytes one token takes across all layers (keys and values)."""
-    elem = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
-    return model_config.num_layers * 2 * model_config.num_kv_heads * model_config.head_dim * elem
+    """KV cache bytes one token takes across all layers (keys and values), from the KV spec."""
+    name = str(resolve_dtype(dtype)).removeprefix("torch.")
+    return model_config.kv_cache_spec(kv_dtype=name).bytes_per_token
 
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet.engine.outputs import RequestOutput
-from chatfleet.engine.serving import (
+from chatfleet.engine.api.serving import (
     CompletionLogprobsBuilder,
     CompletionPrompt,
     TokenText,

@@ -3,7 +3,7 @@
 import pytest
 
 from chatfleet.engine.outputs import TokenLogprob
-from chatfleet.engine.serving import (
+from chatfleet.engine.api.serving import (
     CompletionLogprobsBuilder,
     TokenText,
     chat_sampling_params,

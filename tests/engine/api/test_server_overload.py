@@ -9,9 +9,9 @@ import httpx
 import pytest
 import torch
 
-from chatfleet.engine.async_engine import AsyncEngine
+from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from chatfleet.engine.server import build_app
+from chatfleet.engine.api.server import build_app
 from chatfleet.loopback import ServerThread
 
 

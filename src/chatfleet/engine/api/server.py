@@ -15,19 +15,19 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from chatfleet.engine.async_engine import AsyncEngine
+from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.config import EngineConfig
-from chatfleet.engine.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
+from chatfleet.engine.api.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
-from chatfleet.engine.responders import (
+from chatfleet.engine.api.responders import (
     chat_response,
     chat_stream,
     completion_response,
     completion_stream,
     new_context,
 )
-from chatfleet.engine.serving import (
+from chatfleet.engine.api.serving import (
     chat_prompt_ids,
     chat_sampling_params,
     completion_prompt,

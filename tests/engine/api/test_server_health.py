@@ -6,9 +6,9 @@ import time
 
 from fastapi.testclient import TestClient
 
-from chatfleet.engine.async_engine import AsyncEngine
+from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.outputs import RequestOutput
-from chatfleet.engine.server import build_app
+from chatfleet.engine.api.server import build_app
 
 
 class Tok:

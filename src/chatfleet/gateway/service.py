@@ -1,0 +1,165 @@
+"""The gateway's state: replicas, router, admission, metrics and upstream clients, and the
+request handling that turns an HTTP request into a ``ProxyResponse``. ``app.py`` wires it into
+FastAPI; ``proxy.py`` runs each proxied call against it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from fastapi import Request
+from pydantic import ValidationError
+
+from chatfleet.errors import (AuthenticationError, ConfigError, InvalidRequestError, ModelNotFoundError,
+                              PayloadTooLargeError)
+from chatfleet.gateway.admission import AdmissionController
+from chatfleet.gateway.config import GatewayConfig
+from chatfleet.gateway.metrics import GatewayMetrics
+from chatfleet.gateway.proxy import ProxyCall, ProxyResponse
+from chatfleet.gateway.replicas import ReplicaSet
+from chatfleet.gateway.routing import make_routing_policy
+from chatfleet.gateway.session import session_of
+from chatfleet.protocol.errors import to_chatfleet_error
+from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
+
+ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+class Gateway:
+    """Everything one gateway process holds: replicas, router, admission, metrics, clients."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        if not config.replicas:
+            raise ConfigError("the gateway needs at least one replica (--replica URL)")
+        self.config = config
+        urls = [spec.url for spec in config.replicas]
+        self.admission = AdmissionController(
+            {spec.url: config.cap_of(spec) for spec in config.replicas},
+            queue_size=config.queue_size, max_wait_s=config.max_queue_wait_s,
+            retry_after_s=config.retry_after_s,
+        )
+        upstream_headers = {}
+        if config.upstream_api_key:
+            upstream_headers["authorization"] = f"Bearer {config.upstream_api_key}"
+        self.replicas = ReplicaSet(
+            urls, failure_threshold=config.failure_threshold,
+            health_interval_s=config.health_interval_s, health_timeout_s=config.health_timeout_s,
+            headers=upstream_headers, on_down=self.admission.drain,
+        )
+        self.router = make_routing_policy(config.routing_policy, urls,
+                                          virtual_nodes=config.virtual_nodes,
+                                          load_factor=config.load_factor)
+        self.metrics = GatewayMetrics(self.replicas, self.admission)
+        self.sessions: dict[str, aiohttp.ClientSession] = {}
+        self._session_header = config.session_header.lower()
+
+    async def start(self) -> None:
+        """Open one upstream connection pool per replica (aiohttp: it stays fast with thousands
+        of open streams, where httpx's pool slows down), then start health checks."""
+        cfg = self.config
+        timeout = aiohttp.ClientTimeout(total=None, connect=cfg.pool_timeout_s,
+                                        sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
+        for url in self.replicas.urls:
+            connector = aiohttp.TCPConnector(limit=cfg.max_connections_per_replica, limit_per_host=0,
+                                             keepalive_timeout=4.0)  # < uvicorn's 5 s
+            self.sessions[url] = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False, trust_env=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"))
+        await self.replicas.start()
+
+    async def stop(self) -> None:
+        await self.replicas.stop()
+        for session in self.sessions.values():
+            await session.close()
+        self.sessions.clear()
+
+    # -- request handling --------------------------------------------------------------------
+    def check_auth(self, request: Request) -> None:
+        if not self.config.api_keys:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(
+            hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.config.api_keys
+        ):
+            raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError(f"request body of {declared} bytes exceeds the limit of {limit}")
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            parts.append(part)
+        return b"".join(parts)
+
+    def upstream_headers(self, request: Request, request_id: str) -> dict[str, str]:
+        headers = {"content-type": "application/json", self.config.request_id_header: request_id}
+        session = request.headers.get(self._session_header)
+        if session:
+            headers[self.config.session_header] = session
+        if self.config.upstream_api_key:
+            headers["authorization"] = f"Bearer {self.config.upstream_api_key}"
+        elif not self.config.api_keys and "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]  # transparent proxy
+        return headers
+
+    async def proxy(self, request: Request) -> ProxyResponse:
+        arrival = time.monotonic()
+        path = request.url.path
+        try:
+            self.check_auth(request)
+            body = await self.read_body(request)
+            data = self.parse(path, body)
+        except Exception as exc:
+            err = to_chatfleet_error(exc)
+            self.metrics.rejected(err.code or err.error_type)
+            raise
+        request_id = request.headers.get(self.config.request_id_header) or uuid.uuid4().hex
+        call = ProxyCall(
+            path=path, body=body, stream=bool(data.get("stream")),
+            session=session_of(data, request.headers, self._session_header),
+            request_id=request_id, headers=self.upstream_headers(request, request_id),
+            arrival=arrival,
+        )
+        return ProxyResponse(self, call)
+
+    def parse(self, path: str, body: bytes) -> dict[str, Any]:
+        """Validate the body as the endpoint's OpenAI request, without touching a replica."""
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidRequestError(f"malformed JSON body: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        try:
+            ENDPOINTS[path].model_validate(data)
+        except ValidationError as exc:
+            raise to_chatfleet_error(exc) from None
+        model = data.get("model")
+        known = {m["id"] for m in self.replicas.models()}
+        if model is not None and known and model not in known:
+            raise ModelNotFoundError(f"model {model!r} is not served here; available: {sorted(known)}",
+                                     param="model")
+        return data
+
+    def status(self) -> dict[str, Any]:
+        out = []
+        for url, replica in self.replicas.replicas.items():
+            cap = self.admission.cap(url)
+            out.append({
+                "url": url, "healthy": replica.healthy, "cap": None if cap == float("inf") else cap,
+                "in_flight": self.admission.in_flight(url), "queued": self.admission.queued(url),
+                "consecutive_failures": replica.consecutive_failures, "last_error": replica.last_error,
+                "models": [m["id"] for m in replica.models], "stats": vars(replica.stats).copy(),
+            })
+        return {"replicas": out, "queued_total": self.admission.queued_total,
+                "routing_policy": self.config.routing_policy}
