@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.config import EngineConfig, engine_memory
 from chatfleet.engine.kv.block_pool import KVIntegrityError
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
@@ -21,6 +21,7 @@ from chatfleet.engine.outputs import RequestOutput, RunnerOutput
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+from chatfleet.plan.memory import MemoryBreakdown
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +49,19 @@ class Engine:
         model_max_len = None
         self.kv_spec: KVCacheSpec | None = None  # None for an injected runner that gave none
         self.pool_plan: PoolPlan | None = None
+        self.memory: MemoryBreakdown | None = None  # weights by class, KV per token, pool (plan/memory.py)
         vocab_size = getattr(runner, "vocab_size", None)
         if runner is None:
             from chatfleet.engine.runner.torch_runner import TorchRunner
 
             loaded = self._load_model(config)
-            self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.dtype)
-            self.pool_plan = config.cache.plan_pools(self.kv_spec)
-            log.info("%s", self.pool_plan.describe())
+            memory = engine_memory(config, loaded.hf_config)
+            self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
+            log.info("%s", memory.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
-            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed)
+            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
+                                 kv_cache_dtype=config.kv_cache_dtype,
+                                 kv_scales_from_prompts=config.kv_scales_from_prompts)
             tokenizer = tokenizer or loaded.tokenizer
             model_max_len = loaded.max_model_len
             vocab_size = loaded.config.vocab_size
@@ -108,7 +112,8 @@ class Engine:
 
             torch.set_num_threads(config.num_threads)
         return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
-                          kernels=config.kernels)
+                          kernels=config.kernels, quantization=config.quantization,
+                          embedding_dtype=config.embedding_dtype)
 
     # ---- requests -----------------------------------------------------------------------------
     @property
