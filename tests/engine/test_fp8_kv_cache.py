@@ -55,11 +55,11 @@ def prompts(loaded):
     return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
 
 
-def make_engine(loaded, num_blocks=96, prefix=True, **sched):
+def make_engine(loaded, num_blocks=96, prefix=True, num_host_blocks=0, **sched):
     config = EngineConfig(model="tiny", max_model_len=1024, kv_cache_dtype="fp8",
                           cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
                           scheduler=SchedulerConfig(**sched))
-    runner = TorchRunner(loaded, num_blocks, BS, kv_cache_dtype="fp8")
+    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, kv_cache_dtype="fp8")
     return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 
@@ -101,6 +101,17 @@ def test_batched_chunked_prefix_hit_and_preempted_equal_alone(loaded, prompts, a
     tight = make_engine(loaded, num_blocks=-(-longest // BS) + 1, prefix=False, max_batched_tokens=24)
     assert run(tight, everyone) == alone
     assert tight.stats().num_preemptions > 0
+
+
+def test_host_tier_reload_equals_alone(loaded, prompts, alone):
+    longest = max(len(p) for p in prompts) + PARAMS.max_tokens
+    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, num_host_blocks=64)
+    assert engine.runner.host_kv.host.dtype == torch.uint8  # raw FP8 bytes, nothing else
+    run(engine, {f"r{i}": p for i, p in enumerate(prompts)})  # each evicts the one before
+    got = run(engine, {"r0": prompts[0], "r2": prompts[2]})
+    stats = engine.stats()
+    assert stats.host_demotions > 0 and stats.host_promotions > 0 and stats.host_cache_hits > 0, stats
+    assert got == {"r0": alone["r0"], "r2": alone["r2"]}
 
 
 def test_missing_scales_warn_once_and_default_to_one(caplog):

@@ -16,7 +16,15 @@ from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
-from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.outputs import (
+    NO_TRANSFERS,
+    RunnerOutput,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenLogprob,
+)
+from chatfleet.engine.runner.kv_transfer import HostKVTransfer
 from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
 
 
@@ -84,8 +92,8 @@ class TorchRunner:
     """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
 
     def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
-                 device: str | torch.device | None = None, seed: int = 0, kv_cache_dtype: str = "auto",
-                 kv_scales_from_prompts: int | None = None) -> None:
+                 device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
+                 kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.loaded = loaded_model
@@ -106,6 +114,7 @@ class TorchRunner:
                              kv_dtype, self.device, scales.k[i], scales.v[i])
             for i in range(self.config.num_layers)
         ]
+        self.host_kv = HostKVTransfer(self.kv_caches, num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -120,6 +129,10 @@ class TorchRunner:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_kv.num_host_blocks if self.host_kv is not None else 0
 
     @property
     def vocab_size(self) -> int:
@@ -156,8 +169,14 @@ class TorchRunner:
         for rid in scheduler_output.finished_request_ids:
             self._generators.pop(rid, None)
             self._pending_prompt.pop(rid, None)
+        transfer_stats = NO_TRANSFERS
+        if scheduler_output.kv_transfers:
+            if self.host_kv is None:
+                raise ValueError("a plan with KV transfers for a runner without a host tier")
+            with torch.inference_mode():
+                transfer_stats = self.host_kv.execute(scheduler_output.kv_transfers)
         if not scheduler_output.chunks:
-            return RunnerOutput(sampled={})
+            return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
         chunks = scheduler_output.chunks
         for c in chunks:
             self._check_chunk(c)
@@ -210,7 +229,7 @@ class TorchRunner:
             pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
             hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
             if not rows:
-                return RunnerOutput(sampled={})
+                return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
             prompt_lps = {c.request_id: self._prompt_logprobs(c, logits[r : r + c.num_tokens])
                           for c, r in prompt_chunks}
@@ -223,7 +242,7 @@ class TorchRunner:
                 ]
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
-        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps)
+        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
 
     def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
         """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""
