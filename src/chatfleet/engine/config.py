@@ -34,9 +34,19 @@ class CacheConfig:
     num_tokens: int | None = None  # --kv-cache-tokens
     memory_bytes: int | None = None  # --kv-cache-memory
     enable_prefix_caching: bool = True
-    eviction_policy: str = "lru"
+    eviction_policy: str = "lru"  # device pool (kv/eviction.py registry)
+    host_memory_bytes: int = 0  # --host-cache-memory: the host tier (0: none)
+    host_eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
+        from chatfleet.engine.kv.eviction import EVICTION_POLICIES
+
+        EVICTION_POLICIES.check(self.eviction_policy)
+        EVICTION_POLICIES.check(self.host_eviction_policy)
+        if self.host_memory_bytes < 0:
+            raise ConfigError("host cache memory must be >= 0")
+        if self.host_memory_bytes and not self.enable_prefix_caching:
+            raise ConfigError("the host cache tier needs prefix caching (it holds cached blocks)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.num_tokens is not None and self.memory_bytes is not None:
@@ -51,6 +61,12 @@ class CacheConfig:
         if self.memory_bytes is not None:
             return spec.plan_pools(memory_bytes=self.memory_bytes)
         return spec.plan_pools(num_tokens=self.num_tokens if self.num_tokens is not None else default_tokens)
+
+    def plan_host_pools(self, spec: KVCacheSpec) -> PoolPlan | None:
+        """The host-tier pools ``host_memory_bytes`` buys (None without a host tier)."""
+        if not self.host_memory_bytes:
+            return None
+        return spec.plan_pools(memory_bytes=self.host_memory_bytes)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,15 @@ import torch
 from chatfleet.engine.models.attention import KVCache, Workspace, build_attention_metadata
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
-from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.outputs import (
+    NO_TRANSFERS,
+    RunnerOutput,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenLogprob,
+)
+from chatfleet.engine.runner.kv_transfer import HostKVTransfer
 from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
 
 
@@ -66,7 +74,7 @@ class TorchRunner:
     """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
 
     def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
-                 device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.loaded = loaded_model
@@ -80,6 +88,7 @@ class TorchRunner:
                              loaded_model.dtype, self.device)
             for _ in range(self.config.num_layers)
         ]
+        self.host_kv = HostKVTransfer(self.kv_caches, num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -94,6 +103,10 @@ class TorchRunner:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_kv.num_host_blocks if self.host_kv is not None else 0
 
     @property
     def vocab_size(self) -> int:
@@ -130,8 +143,14 @@ class TorchRunner:
         for rid in scheduler_output.finished_request_ids:
             self._generators.pop(rid, None)
             self._pending_prompt.pop(rid, None)
+        transfer_stats = NO_TRANSFERS
+        if scheduler_output.kv_transfers:
+            if self.host_kv is None:
+                raise ValueError("a plan with KV transfers for a runner without a host tier")
+            with torch.inference_mode():
+                transfer_stats = self.host_kv.execute(scheduler_output.kv_transfers)
         if not scheduler_output.chunks:
-            return RunnerOutput(sampled={})
+            return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
         chunks = scheduler_output.chunks
         for c in chunks:
             self._check_chunk(c)
@@ -182,7 +201,7 @@ class TorchRunner:
             pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
             hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
             if not rows:
-                return RunnerOutput(sampled={})
+                return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
             prompt_lps = {c.request_id: self._prompt_logprobs(c, logits[r : r + c.num_tokens])
                           for c, r in prompt_chunks}
@@ -195,7 +214,7 @@ class TorchRunner:
                 ]
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
-        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps)
+        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
 
     def _prompt_logprobs(self, c: ScheduledChunk, logits: torch.Tensor) -> list[TokenLogprob]:
         """Scores of the chunk's tokens (the first one by the previous chunk's last position)."""
