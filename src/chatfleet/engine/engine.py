@@ -23,6 +23,7 @@ from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
 from chatfleet.plan.memory import MemoryBreakdown
+from chatfleet.plan.tensors import has_config_reader
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,14 @@ class Engine:
             from chatfleet.engine.runner.torch_runner import TorchRunner
 
             loaded = self._load_model(config)
-            memory = engine_memory(config, loaded.hf_config)
-            self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
-            log.info("%s", memory.describe())
+            if has_config_reader(loaded.hf_config):
+                memory = engine_memory(config, loaded.hf_config)
+                self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
+                log.info("%s", memory.describe())
+            else:  # a model type the memory arithmetic does not know yet: the model's own spec
+                self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
+                self.pool_plan = config.cache.plan_pools(self.kv_spec)
+                log.info("%s", self.pool_plan.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
             host_plan = config.cache.plan_host_pools(self.kv_spec)
             num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0

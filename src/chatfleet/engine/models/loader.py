@@ -6,7 +6,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8, FP8Linear, dequantize_weight
 from chatfleet.engine.models.fp8_model import use_fp8_embedding, use_fp8_linears
+from chatfleet.engine.models.gemma4_config import is_gemma4
 from chatfleet.engine.models.kv_scales import KVScales, match_kv_scale
 from chatfleet.engine.models.linear import resolve_kernel_backend
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
@@ -45,15 +46,20 @@ _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to run, with everything the engine needs to know about it."""
+    """A model ready to run, with everything the engine needs to know about it.
 
-    model: Qwen3ForCausalLM
-    config: Qwen3Config
+    ``model``/``config``: Qwen3 here, or Gemma 4 (``gemma4.py``, loaded by ``gemma4_weights.py``);
+    both offer the same calls (``model(...)``, ``compute_logits``, ``config.kv_cache_spec``).
+    """
+
+    model: Qwen3ForCausalLM | Any
+    config: Qwen3Config | Any
     tokenizer: ChatTokenizer
     path: Path
     dtype: torch.dtype
     device: torch.device
     kernels: str = "torch"  # the resolved kernel backend: "onednn" or "torch"
+    weight_report: Any = None  # Gemma 4: gemma4_weights.WeightLoadReport (bytes read / left on disk)
     kv_scales: KVScales | None = None  # FP8 KV cache scales found in the checkpoint
     hf_config: Mapping[str, Any] = field(default_factory=dict)  # config.json as read
 
@@ -239,11 +245,13 @@ def _place_fp8(model: Qwen3ForCausalLM, weights: dict[tuple[str, int | None], to
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu", kernels: str = "auto", quantization: str | None = None,
+               device: str | torch.device = "cpu", kernels: str = "auto",
+               language_model_only: bool = True, quantization: str | None = None,
                embedding_dtype: str = "auto") -> LoadedModel:
-    """Build the model from ``path`` (an HF Qwen3 folder) in ``dtype`` on ``device``.
+    """Build the model from ``path`` (an HF Qwen3 or Gemma 4 folder) in ``dtype`` on ``device``.
 
     ``kernels``: ``auto`` (oneDNN on CPU where available), ``onednn`` or ``torch``; see linear.py.
+    ``language_model_only``: a multimodal folder's vision/audio towers are never read.
     Linears are FP8 when the checkpoint is (``quantization_config``) or with ``quantization="fp8"``
     (block-wise at load); ``embedding_dtype="fp8"`` stores the embedding table (and an untied
     lm_head) in FP8 with per-row scales. ``plan/memory.py`` prices exactly this layout.
@@ -252,10 +260,17 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(folder)!r} does not exist")
     hf_config = read_hf_config(folder)
-    cfg = Qwen3Config.from_hf(hf_config)
     if embedding_dtype not in ("auto", "fp8"):
         raise ConfigError(f"unknown embedding dtype {embedding_dtype!r}; valid: auto, fp8")
     fmt = weights_format_for(hf_config, quantization)
+    if is_gemma4(hf_config):
+        from chatfleet.engine.models.gemma4_weights import load_gemma4
+
+        if fmt is not None or embedding_dtype != "auto":
+            raise ConfigError("FP8 weights and embeddings are not supported for Gemma 4 models yet")
+        return replace(load_gemma4(folder, hf_config, dtype, device, kernels, language_model_only),
+                       hf_config=hf_config)
+    cfg = Qwen3Config.from_hf(hf_config)
     torch_dtype = resolve_dtype(dtype)
     dev = torch.device(device)
     backend = resolve_kernel_backend(kernels, dev, torch_dtype)
