@@ -76,20 +76,32 @@ def group_decodes(num_blocks: list[int], block_size: int, pad_limit: int = DECOD
 
 
 def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], block_size: int,
-                        device: torch.device | str, pad_limit: int = DECODE_PAD_LIMIT) -> list[DecodeGroup]:
-    """``context_lens[i]`` counts decode i's own new token; tables may be longer than needed."""
-    nblocks = [(ctx + block_size - 1) // block_size for ctx in context_lens]
+                        device: torch.device | str, pad_limit: int = DECODE_PAD_LIMIT,
+                        window: int | None = None) -> list[DecodeGroup]:
+    """``context_lens[i]`` counts decode i's own new token; tables may be longer than needed.
+
+    With a sliding ``window`` only the blocks holding the last ``window`` positions are read
+    (entries of the table before them are never touched: they may have been released).
+    """
+    first = [0 if window is None else max(0, ctx - window) // block_size for ctx in context_lens]
+    nblocks = [(ctx + block_size - 1) // block_size - f for ctx, f in zip(context_lens, first)]
     groups: list[DecodeGroup] = []
     for r in group_decodes(nblocks, block_size, pad_limit):
         max_blocks = max(nblocks[i] for i in r)
         flat: list[int] = []
         for i in r:
-            flat.extend(block_tables[i][: nblocks[i]])
+            flat.extend(block_tables[i][first[i] : first[i] + nblocks[i]])
             flat.extend([0] * (max_blocks - nblocks[i]))  # padding: any valid block, masked out
         lens = torch.tensor([context_lens[i] for i in r], dtype=torch.long, device=device)
         span = torch.arange(max_blocks * block_size, device=device)
+        if window is None:
+            mask = span[None, :] < lens[:, None]
+        else:  # absolute position of span slot j: first block's start + j
+            starts = torch.tensor([first[i] * block_size for i in r], dtype=torch.long, device=device)
+            pos = starts[:, None] + span[None, :]
+            mask = (pos < lens[:, None]) & (pos >= lens[:, None] - window)
         groups.append(DecodeGroup(r.start, len(r), max_blocks, block_size,
-                                  torch.tensor(flat, dtype=torch.long, device=device), span[None, :] < lens[:, None]))
+                                  torch.tensor(flat, dtype=torch.long, device=device), mask))
     return groups
 
 

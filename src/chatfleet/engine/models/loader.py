@@ -7,10 +7,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from chatfleet.engine.models.gemma4_config import is_gemma4
 from chatfleet.engine.models.linear import resolve_kernel_backend
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from chatfleet.engine.tokenizer import ChatTokenizer
@@ -36,15 +38,20 @@ _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model ready to run, with everything the engine needs to know about it."""
+    """A model ready to run, with everything the engine needs to know about it.
 
-    model: Qwen3ForCausalLM
-    config: Qwen3Config
+    ``model``/``config``: Qwen3 here, or Gemma 4 (``gemma4.py``, loaded by ``gemma4_weights.py``);
+    both offer the same calls (``model(...)``, ``compute_logits``, ``config.kv_cache_spec``).
+    """
+
+    model: Qwen3ForCausalLM | Any
+    config: Qwen3Config | Any
     tokenizer: ChatTokenizer
     path: Path
     dtype: torch.dtype
     device: torch.device
     kernels: str = "torch"  # the resolved kernel backend: "onednn" or "torch"
+    weight_report: Any = None  # Gemma 4: gemma4_weights.WeightLoadReport (bytes read / left on disk)
 
     @property
     def max_model_len(self) -> int:
@@ -144,14 +151,22 @@ def load_weights(model: Qwen3ForCausalLM, folder: Path) -> None:
 
 
 def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu", kernels: str = "auto") -> LoadedModel:
-    """Build the model from ``path`` (an HF Qwen3 folder) in ``dtype`` on ``device``.
+               device: str | torch.device = "cpu", kernels: str = "auto",
+               language_model_only: bool = True) -> LoadedModel:
+    """Build the model from ``path`` (an HF Qwen3 or Gemma 4 folder) in ``dtype`` on ``device``.
 
     ``kernels``: ``auto`` (oneDNN on CPU where available), ``onednn`` or ``torch``; see linear.py.
+    ``language_model_only``: a multimodal folder's vision/audio towers are never read.
     """
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(folder)!r} does not exist")
+    if (folder / "config.json").is_file():
+        hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        if is_gemma4(hf_config):
+            from chatfleet.engine.models.gemma4_weights import load_gemma4
+
+            return load_gemma4(folder, hf_config, dtype, device, kernels, language_model_only)
     cfg = read_config(folder)
     torch_dtype = resolve_dtype(dtype)
     dev = torch.device(device)
