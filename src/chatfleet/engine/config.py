@@ -82,11 +82,20 @@ class CacheConfig:
 class SchedulerConfig:
     max_batched_tokens: int = 2048  # per-step token budget
     max_running: int = 256  # concurrency cap: requests in the batch
-    max_waiting: int = 1024  # bounded FCFS queue; beyond it: 503
+    max_waiting: int = 1024  # bounded waiting queue; beyond it: 503
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # --scheduling-policy (engine/scheduling_policy.py registry)
+    max_queue_delay: float = 10.0  # --max-queue-delay: a request waiting longer goes first (lpm)
+    lpm_host_weight: float = 0.5  # a host-tier hit token counts this much of a device hit (lpm)
 
     def __post_init__(self) -> None:
+        from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
+
+        SCHEDULING_POLICIES.check(self.policy)
+        if not self.max_queue_delay >= 0:
+            raise ConfigError(f"max_queue_delay must be >= 0 seconds, got {self.max_queue_delay}")
+        if not 0.0 <= self.lpm_host_weight <= 1.0:
+            raise ConfigError(f"lpm_host_weight must be in [0, 1], got {self.lpm_host_weight}")
         if self.max_batched_tokens < 1:
             raise ConfigError("max_batched_tokens must be >= 1")
         if self.max_running < 1:

@@ -43,23 +43,32 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     num_finished: int  # requests that finished with stop or length
-    # host tier (zeros without one)
-    host_num_blocks: int = 0
-    host_num_cached_blocks: int = 0
-    host_cache_queries: int = 0  # tokens the device cache missed, looked up in host memory
-    host_cache_hits: int = 0  # tokens found there
-    host_promotions: int = 0  # blocks loaded host -> device
-    host_demotions: int = 0  # blocks stored device -> host
-    host_demotions_dropped: int = 0  # device evictions lost (every host block in flight)
-    host_evictions: int = 0  # host blocks reused for other contents
-    kv_bytes_loaded: int = 0
-    kv_bytes_stored: int = 0
-    kv_seconds_loading: float = 0.0
-    kv_seconds_storing: float = 0.0
+    # host tier (None without one)
+    host_num_blocks: int | None = None
+    host_num_cached_blocks: int | None = None
+    host_cache_queries: int | None = None  # tokens the device cache missed, looked up in host memory
+    host_cache_hits: int | None = None  # tokens found there
+    host_promotions: int | None = None  # blocks loaded host -> device
+    host_demotions: int | None = None  # blocks stored device -> host
+    host_demotions_skipped: int | None = None  # device evictions the host already held
+    host_demotions_dropped: int | None = None  # device evictions lost (every host block in flight)
+    host_evictions: int | None = None  # host blocks reused for other contents
+    kv_bytes_loaded: int | None = None
+    kv_bytes_stored: int | None = None
+    kv_seconds_loading: float | None = None
+    kv_seconds_storing: float | None = None
 
     @property
-    def host_cache_misses(self) -> int:
+    def host_cache_misses(self) -> int | None:
+        if self.host_cache_queries is None or self.host_cache_hits is None:
+            return None
         return self.host_cache_queries - self.host_cache_hits
+
+    @property
+    def host_usage(self) -> float | None:
+        if not self.host_num_blocks or self.host_num_cached_blocks is None:
+            return None
+        return self.host_num_cached_blocks / self.host_num_blocks
 
 
 @dataclass
@@ -284,6 +293,7 @@ class Engine:
             host_cache_hits=pc.host_hits,
             host_promotions=host.promotions,
             host_demotions=host.demotions,
+            host_demotions_skipped=host.demotions_skipped,
             host_demotions_dropped=host.demotions_dropped,
             host_evictions=host.evictions,
             kv_bytes_loaded=t.bytes_loaded,
