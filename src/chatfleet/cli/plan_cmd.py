@@ -97,4 +97,6 @@ def gpus_cmd(catalog: Path | None = O_CATALOG) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the `plan` command group to `app`."""
+    from chatfleet.cli import plan_sim_cmd  # noqa: F401  (registers `plan sweep` and `plan fleet`)
+
     app.add_typer(plan_app, name="plan")
