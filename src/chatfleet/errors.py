@@ -30,6 +30,10 @@ class ConfigError(ChatfleetError, ValueError):
     error_type = "config_error"
 
 
+class KVIntegrityError(ChatfleetError, AssertionError):
+    """A KV memory structure is inconsistent (a bug, never a client error)."""
+
+
 class InvalidRequestError(ChatfleetError, ValueError):
     """The client's request is malformed or can never be served (HTTP 400)."""
 

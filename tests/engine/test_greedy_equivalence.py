@@ -37,14 +37,15 @@ def prompts(loaded):
     return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
 
 
-def make_engine(loaded, num_blocks=128, prefix=True, **sched):
+def make_engine(loaded, num_blocks=128, prefix=True, num_host_blocks=0, **sched):
     config = EngineConfig(
         model="tiny",
         max_model_len=MAX_LEN,
         cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
         scheduler=SchedulerConfig(**sched),
     )
-    return Engine(config, runner=TorchRunner(loaded, num_blocks, BS), tokenizer=loaded.tokenizer)
+    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks)
+    return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -104,6 +105,18 @@ def test_prefix_cache_hit_equals_cold(loaded, prompts, alone):
     assert run.cached["r0"] == (len(prompts[0]) - 1) // BS * BS  # all but the last token's block
     assert all(run.cached[f"r{i}"] > 0 for i in range(1, len(prompts)))  # the shared system prompt
     assert engine.stats().prefix_cache_hits > 0
+
+
+def test_host_tier_reload_equals_cold(loaded, prompts, alone):
+    longest = max(len(p) for p in prompts) + PARAMS.max_tokens
+    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, num_host_blocks=64)
+    run(engine, {f"r{i}": p for i, p in enumerate(prompts)})  # each evicts the one before
+    assert engine.stats().host_demotions > 0
+    got = run(engine, {"r0": prompts[0], "r4": prompts[4]})
+    stats = engine.stats()
+    assert stats.host_promotions > 0 and stats.host_cache_hits > 0, stats
+    assert got == {"r0": alone["r0"], "r4": alone["r4"]}
+    assert all(b.ref_cnt == 0 for b in engine.kv.host_pool.blocks)
 
 
 def test_preempted_equals_alone(loaded, prompts, alone):

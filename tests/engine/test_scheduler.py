@@ -187,3 +187,14 @@ def test_abort_frees_blocks_now_and_is_reported_to_the_runner():
 def test_unknown_policy_lists_valid_ones():
     with pytest.raises(ConfigError, match="fcfs"):
         make_scheduling_policy("shortest-job-first")
+
+
+def test_scheduler_reads_time_from_the_injected_clock():
+    kv = KVManager(16, BS)
+    now = [100.0]
+    sched = Scheduler(SchedulerConfig(), kv, max_model_len=64, clock=lambda: now[0])
+    r = req("a", 5)
+    sched.add_request(r)
+    now[0] = 142.5
+    sched.schedule()
+    assert r.first_scheduled_time == 142.5

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chatfleet.engine.config import EngineConfig
-from chatfleet.engine.kv.block_pool import KVIntegrityError
+from chatfleet.engine.config import EngineConfig, engine_memory
+from chatfleet.errors import KVIntegrityError
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.output_processor import OutputProcessor
-from chatfleet.engine.outputs import RequestOutput, RunnerOutput
+from chatfleet.engine.outputs import RequestOutput, RunnerOutput, TransferStats
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+from chatfleet.plan.memory import MemoryBreakdown
+from chatfleet.plan.tensors import has_config_reader
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +43,84 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     num_finished: int  # requests that finished with stop or length
+    # host tier (None without one)
+    host_num_blocks: int | None = None
+    host_num_cached_blocks: int | None = None
+    host_cache_queries: int | None = None  # tokens the device cache missed, looked up in host memory
+    host_cache_hits: int | None = None  # tokens found there
+    host_promotions: int | None = None  # blocks loaded host -> device
+    host_demotions: int | None = None  # blocks stored device -> host
+    host_demotions_skipped: int | None = None  # device evictions the host already held
+    host_demotions_dropped: int | None = None  # device evictions lost (every host block in flight)
+    host_evictions: int | None = None  # host blocks reused for other contents
+    kv_bytes_loaded: int | None = None
+    kv_bytes_stored: int | None = None
+    kv_seconds_loading: float | None = None
+    kv_seconds_storing: float | None = None
+
+    @property
+    def host_cache_misses(self) -> int | None:
+        if self.host_cache_queries is None or self.host_cache_hits is None:
+            return None
+        return self.host_cache_queries - self.host_cache_hits
+
+    @property
+    def host_usage(self) -> float | None:
+        if not self.host_num_blocks or self.host_num_cached_blocks is None:
+            return None
+        return self.host_num_cached_blocks / self.host_num_blocks
+
+
+@dataclass
+class _TransferTotals:
+    bytes_loaded: int = 0
+    bytes_stored: int = 0
+    seconds_loading: float = 0.0
+    seconds_storing: float = 0.0
+
+    def add(self, s: TransferStats) -> None:
+        self.bytes_loaded += s.bytes_loaded
+        self.bytes_stored += s.bytes_stored
+        self.seconds_loading += s.seconds_loading
+        self.seconds_storing += s.seconds_storing
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, runner: Any = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        runner: Any = None,
+        tokenizer: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self.clock = clock
         model_max_len = None
         self.kv_spec: KVCacheSpec | None = None  # None for an injected runner that gave none
         self.pool_plan: PoolPlan | None = None
+        self.memory: MemoryBreakdown | None = None  # weights by class, KV per token, pool (plan/memory.py)
         vocab_size = getattr(runner, "vocab_size", None)
         if runner is None:
             from chatfleet.engine.runner.torch_runner import TorchRunner
 
             loaded = self._load_model(config)
-            self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.dtype)
-            self.pool_plan = config.cache.plan_pools(self.kv_spec)
-            log.info("%s", self.pool_plan.describe())
+            if has_config_reader(loaded.hf_config):
+                memory = engine_memory(config, loaded.hf_config)
+                self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
+                log.info("%s", memory.describe())
+            else:  # a model type the memory arithmetic does not know yet: the model's own spec
+                self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
+                self.pool_plan = config.cache.plan_pools(self.kv_spec)
+                log.info("%s", self.pool_plan.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
-            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed)
+            host_plan = config.cache.plan_host_pools(self.kv_spec)
+            num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
+            if host_plan is not None:
+                log.info("host tier: %s", host_plan.describe())
+            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
+                                 num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
+                                 kv_scales_from_prompts=config.kv_scales_from_prompts)
             tokenizer = tokenizer or loaded.tokenizer
             model_max_len = loaded.max_model_len
             vocab_size = loaded.config.vocab_size
@@ -88,11 +151,16 @@ class Engine:
             block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             eviction_policy=config.cache.eviction_policy,
+            num_host_blocks=getattr(runner, "num_host_blocks", 0),
+            host_eviction_policy=config.cache.host_eviction_policy,
+            clock=clock,
         )
         eos = getattr(tokenizer, "stop_token_ids", ()) or ()
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos)
+            config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
+            clock=clock,
         )
+        self._transfers = _TransferTotals()
         self.output_processor = OutputProcessor(tokenizer)
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -108,7 +176,8 @@ class Engine:
 
             torch.set_num_threads(config.num_threads)
         return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
-                          kernels=config.kernels)
+                          kernels=config.kernels, quantization=config.quantization,
+                          embedding_dtype=config.embedding_dtype)
 
     # ---- requests -----------------------------------------------------------------------------
     @property
@@ -124,6 +193,7 @@ class Engine:
         *,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -152,8 +222,9 @@ class Engine:
             list(prompt_token_ids),
             params,
             eos_token_id=getattr(self.tokenizer, "eos_token_id", None),
-            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
             cache_salt=cache_salt,
+            session_id=session_id,
         )
         self.scheduler.add_request(request)
         self.output_processor.add_request(request)
@@ -173,6 +244,8 @@ class Engine:
             self.scheduler.defer_finished(plan.finished_request_ids)
             return []
         result: RunnerOutput = self.runner.execute(plan)
+        if plan.kv_transfers:
+            self._transfers.add(result.kv_transfer)
         updates = self.scheduler.update(plan, result)
         processed = self.output_processor.process(updates)
         for hit in processed.stopped:
@@ -205,6 +278,28 @@ class Engine:
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_finished=self._num_finished,
+            **self._host_stats(),
+        )
+
+    def _host_stats(self) -> dict[str, int | float]:
+        host = self.kv.host
+        if host is None:
+            return {}
+        pc, t = self.kv.prefix_cache, self._transfers
+        return dict(
+            host_num_blocks=host.pool.num_blocks,
+            host_num_cached_blocks=host.pool.num_cached_blocks,
+            host_cache_queries=pc.host_queries,
+            host_cache_hits=pc.host_hits,
+            host_promotions=host.promotions,
+            host_demotions=host.demotions,
+            host_demotions_skipped=host.demotions_skipped,
+            host_demotions_dropped=host.demotions_dropped,
+            host_evictions=host.evictions,
+            kv_bytes_loaded=t.bytes_loaded,
+            kv_bytes_stored=t.bytes_stored,
+            kv_seconds_loading=t.seconds_loading,
+            kv_seconds_storing=t.seconds_storing,
         )
 
     def check_integrity(self) -> None:

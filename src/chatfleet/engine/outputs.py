@@ -7,6 +7,7 @@ The runner never decides policy; the scheduler never touches tensors.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from chatfleet.engine.request import SamplingParams
@@ -36,11 +37,37 @@ class ScheduledChunk:
         return self.start_position + len(self.token_ids)
 
 
+class TransferDirection(enum.Enum):
+    STORE = "store"  # device -> host (a demotion)
+    LOAD = "load"  # host -> device (a promotion)
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """Copy whole KV blocks between the device pool and the host pool, pairwise:
+    ``device_block_ids[i]`` <-> ``host_block_ids[i]`` in every layer."""
+
+    direction: TransferDirection
+    device_block_ids: tuple[int, ...]
+    host_block_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.device_block_ids) != len(self.host_block_ids):
+            raise ValueError("a KV transfer pairs device and host blocks one to one")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.device_block_ids)
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)  # runner frees per-request state
+    # executed before the forward pass, stores before loads (a block demoted this step may be
+    # the destination of a load in the same step)
+    kv_transfers: list[KVTransfer] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -48,7 +75,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.kv_transfers
 
 
 @dataclass(frozen=True)
@@ -65,11 +92,27 @@ class SampledToken:
 
 
 @dataclass(frozen=True)
+class TransferStats:
+    """What executing a plan's KV transfers cost."""
+
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
+    seconds_storing: float = 0.0
+    seconds_loading: float = 0.0
+
+
+NO_TRANSFERS = TransferStats()
+
+
+@dataclass(frozen=True)
 class RunnerOutput:
     sampled: dict[str, SampledToken]  # only for chunks with sample=True
     # logprobs of the chunk's input tokens at positions start+1..start+n-1 (and the
     # next chunk's first token is scored by this chunk's last position), for echo scoring
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    kv_transfer: TransferStats = NO_TRANSFERS
 
 
 @dataclass(frozen=True)

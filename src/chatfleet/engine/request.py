@@ -6,7 +6,12 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from chatfleet.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from chatfleet.engine.kv.block import BlockHash
 
 
 class RequestStatus(enum.IntEnum):
@@ -104,7 +109,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     cache_salt: str | None = None  # extra key for the prefix hash (tenant isolation)
+    session_id: str | None = None  # the conversation (X-Session-ID or the OpenAI `user` field)
     first_scheduled_time: float | None = None
+    # hashes of the full blocks computed so far, extended as the request grows (kv/manager.py)
+    block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

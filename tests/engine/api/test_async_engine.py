@@ -38,7 +38,8 @@ class FakeEngine:
     def _touch(self):
         self.thread_names.add(threading.current_thread().name)
 
-    def add_request(self, request_id, prompt_token_ids, params, *, arrival_time=None, cache_salt=None):
+    def add_request(self, request_id, prompt_token_ids, params, *, arrival_time=None, cache_salt=None,
+                    session_id=None):
         self._touch()
         if not prompt_token_ids:
             raise InvalidRequestError("empty prompt")

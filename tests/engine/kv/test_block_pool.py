@@ -120,3 +120,26 @@ def test_integrity_check_catches_corruption():
 def test_unknown_eviction_policy_lists_valid_ones():
     with pytest.raises(ConfigError, match="lru"):
         make_eviction_policy("mru-ish")
+
+
+def test_evictions_are_reported_before_reuse():
+    seen = []
+    pool = BlockPool(2, on_evict=seen.append)
+    a, b = pool.allocate(2)
+    ha, hb = hash_block(None, [1]), hash_block(None, [2])
+    pool.cache_block(a, ha)
+    pool.cache_block(b, hb)
+    pool.free([b, a])  # b released first: evicted first under LRU
+    (got,) = pool.allocate(1)
+    assert got is b and [(e.block_id, e.block_hash) for e in seen] == [(b.block_id, hb)]
+    assert pool.lookup(hb) is None and pool.num_evictions == 1
+    pool.check_integrity()
+
+
+def test_free_stamps_last_use_from_the_injected_clock():
+    now = [5.0]
+    pool = BlockPool(1, clock=lambda: now[0])
+    (a,) = pool.allocate(1, "s1")
+    now[0] = 9.0
+    pool.free([a])
+    assert a.last_use == 9.0 and a.session_id == "s1"

@@ -1,5 +1,9 @@
 from chatfleet.engine.kv.block_pool import BlockPool
-from chatfleet.engine.kv.prefix_cache import PrefixCache, extend_block_hashes, hash_block
+from chatfleet.engine.kv.prefix_cache import (
+    PrefixCache,
+    extend_block_hashes,
+    hash_block,
+)
 
 BS = 4
 

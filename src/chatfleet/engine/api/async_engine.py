@@ -32,6 +32,7 @@ class _Add:
     params: SamplingParams
     arrival_time: float | None
     cache_salt: str | None
+    session_id: str | None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -125,6 +126,7 @@ class AsyncEngine:
         *,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        session_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the request is aborted if the consumer stops early.
 
@@ -135,7 +137,7 @@ class AsyncEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        cmd = _Add(request_id, list(prompt_token_ids), params, arrival_time, cache_salt)
+        cmd = _Add(request_id, list(prompt_token_ids), params, arrival_time, cache_salt, session_id)
         finished = False
         try:
             self._post(cmd)
@@ -238,6 +240,7 @@ class AsyncEngine:
                 self.engine.add_request(
                     cmd.request_id, cmd.prompt_token_ids, cmd.params,
                     arrival_time=cmd.arrival_time, cache_salt=cmd.cache_salt,
+                    session_id=cmd.session_id,
                 )
                 result = None
                 get_request = getattr(self.engine, "get_request", None)

@@ -96,6 +96,17 @@ class EngineUnavailableError(EngineDeadError):
     status_code = 503
 
 
+SESSION_HEADER = "x-session-id"  # what the gateway forwards (GatewayConfig.session_header)
+MAX_SESSION_ID_CHARS = 256
+
+
+def session_id_of(request: Request, user: str | None) -> str | None:
+    """The conversation a request belongs to: the ``X-Session-ID`` header, else the OpenAI
+    ``user`` field (eviction policies group KV blocks by it). Over-long ids are cut."""
+    session = request.headers.get(SESSION_HEADER) or user
+    return session[:MAX_SESSION_ID_CHARS] if session else None
+
+
 class ServerState:
     """What the routes share: the engine, metrics and the names this server answers to."""
 
@@ -115,11 +126,12 @@ class ServerState:
             )
 
     async def start(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None,
+        session_id: str | None = None,
     ) -> RequestOutputs:
         """Submit a request and wait for its first output, so that admission errors are HTTP errors."""
         timer = RequestTimer(self.metrics)
-        gen = self.engine.generate(request_id, prompt_ids, params, cache_salt=cache_salt)
+        gen = self.engine.generate(request_id, prompt_ids, params, cache_salt=cache_salt, session_id=session_id)
         try:
             first = await anext(gen)
         except ChatfleetError as exc:
@@ -184,7 +196,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             prompt_ids = chat_prompt_ids(tok, body.messages, body.add_generation_prompt)
             params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt_ids, params, body.cache_salt)
+            outputs = await state.start(ctx.request_id, prompt_ids, params, body.cache_salt,
+                                        session_id_of(request, body.user))
             if body.stream:
                 return SSEResponse(chat_stream(ctx, body, outputs), outputs)
             return JSONResponse((await chat_response(ctx, body, outputs)).model_dump())
@@ -198,7 +211,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             prompt = completion_prompt(tok, body)
             params = completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt.token_ids, params, body.cache_salt)
+            outputs = await state.start(ctx.request_id, prompt.token_ids, params, body.cache_salt,
+                                        session_id_of(request, body.user))
             if body.stream:
                 return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
             return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())

@@ -1,12 +1,18 @@
-"""Paged KV memory: block pool, prefix cache, per-request manager."""
+"""Paged KV memory: blocks and hashes, block pools, prefix cache, host tier, per-request manager."""
 
-from chatfleet.engine.kv.block_pool import BlockHash, BlockPool, KVBlock, KVIntegrityError
+from chatfleet.engine.kv.block import BlockHash, BlockHint, KVBlock
+from chatfleet.engine.kv.block_pool import BlockPool, Eviction
+from chatfleet.engine.kv.host_tier import HostTier
 from chatfleet.engine.kv.manager import KVBlocks, KVManager
 from chatfleet.engine.kv.prefix_cache import MatchResult, PrefixCache
+from chatfleet.errors import KVIntegrityError
 
 __all__ = [
     "BlockHash",
+    "BlockHint",
     "BlockPool",
+    "Eviction",
+    "HostTier",
     "KVBlock",
     "KVBlocks",
     "KVIntegrityError",

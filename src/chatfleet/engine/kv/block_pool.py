@@ -8,57 +8,53 @@ A block is in exactly one of three states:
 - in use: ``ref_cnt > 0`` (possibly hashed and shared by several requests).
 
 The hash index lives here because eviction must drop index entries; hashing and matching are the
-prefix cache's job (``prefix_cache.py``).
+prefix cache's job (``prefix_cache.py``). A cached block is never dropped silently: each eviction
+is reported to ``on_evict`` (the KV manager demotes it to the host tier) before the block is
+handed out again. The same class serves the device pool and the host pool.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from chatfleet.engine.kv.block import BlockHash, BlockHint, KVBlock
 from chatfleet.engine.kv.eviction import make_eviction_policy
-from chatfleet.errors import ChatfleetError
+from chatfleet.errors import ChatfleetError, KVIntegrityError
 
-
-class KVIntegrityError(ChatfleetError, AssertionError):
-    """A KV memory structure is inconsistent (a bug, never a client error)."""
+__all__ = ["BlockHash", "BlockPool", "Eviction", "KVBlock", "KVIntegrityError"]
 
 
 @dataclass(frozen=True)
-class BlockHash:
-    """Identity of a full block: its own tokens, its parent's hash and extra keys (e.g. a salt).
+class Eviction:
+    """A cached block the pool is about to reuse: its id, the contents' hash, its history."""
 
-    ``value`` is the chained hash used as the index key; the other fields let a hit be re-checked
-    exactly, so a hash collision can never serve another prefix's KV.
-    """
-
-    value: int
-    parent_value: int | None
-    token_ids: tuple[int, ...]
-    extra_keys: tuple = ()
-
-
-@dataclass(eq=False)
-class KVBlock:
     block_id: int
-    ref_cnt: int = 0
-    block_hash: BlockHash | None = None
-
-    def __repr__(self) -> str:  # short, for assertion messages
-        h = None if self.block_hash is None else self.block_hash.value
-        return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, hash={h})"
+    block_hash: BlockHash
+    hint: BlockHint
 
 
 class BlockPool:
     """``num_blocks`` KV blocks with reference counts, a free list and cached-block eviction."""
 
-    def __init__(self, num_blocks: int, eviction_policy: str = "lru") -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        eviction_policy: str = "lru",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[Eviction], None] | None = None,
+    ) -> None:
         if num_blocks < 1:
             raise ChatfleetError(f"a block pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: deque[KVBlock] = deque(self.blocks)
-        self._evictable = make_eviction_policy(eviction_policy)
+        self._clock = clock
+        self._evictable = make_eviction_policy(eviction_policy, clock)
+        self.on_evict = on_evict
         self._index: dict[int, KVBlock] = {}
         self._num_used = 0
         self.num_evictions = 0
@@ -84,8 +80,9 @@ class BlockPool:
         return self._num_used / self.num_blocks
 
     # ---- allocation ---------------------------------------------------------------------------
-    def allocate(self, n: int) -> list[KVBlock]:
-        """Take ``n`` blocks (ref 1 each): free ones first, then evict cached ones."""
+    def allocate(self, n: int, session_id: str | None = None) -> list[KVBlock]:
+        """Take ``n`` blocks (ref 1 each): free ones first, then evict cached ones (reported to
+        ``on_evict`` before the block is handed out)."""
         if n > self.num_free_blocks:
             raise KVIntegrityError(f"asked for {n} blocks, only {self.num_free_blocks} available")
         out = []
@@ -94,36 +91,50 @@ class BlockPool:
                 block = self._free.popleft()
             else:
                 block = self._evictable.pop()
+                assert block.block_hash is not None
+                if self.on_evict is not None:
+                    self.on_evict(Eviction(block.block_id, block.block_hash, block.hint()))
                 self._drop_hash(block)
                 self.num_evictions += 1
+            block.reset_history()
+            block.note_use(session_id)
             block.ref_cnt = 1
             out.append(block)
         self._num_used += n
         return out
 
-    def touch(self, blocks: list[KVBlock]) -> None:
+    def touch(self, blocks: list[KVBlock], session_id: str | None = None) -> None:
         """Add a reference to each block (prefix-cache hits); revives unreferenced cached blocks."""
         for block in blocks:
             if block.ref_cnt == 0:
                 self._evictable.remove(block)
                 self._num_used += 1
             block.ref_cnt += 1
+            block.note_use(session_id)
 
-    def free(self, blocks: list[KVBlock]) -> None:
+    def free(self, blocks: list[KVBlock], *, stamp: bool = True) -> None:
         """Drop one reference from each block, in the given order.
 
         Callers pass a request's blocks tail first, so a prompt's tail is evicted before its head.
+        ``stamp``: record now as the blocks' last use (not for a copy that keeps its history).
         """
+        now = self._clock()
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise KVIntegrityError(f"freeing {block!r}, which is not in use")
             block.ref_cnt -= 1
+            if stamp:
+                block.last_use = now
             if block.ref_cnt == 0:
                 self._num_used -= 1
                 if block.block_hash is None:
                     self._free.append(block)
                 else:
-                    self._evictable.add(block)
+                    self._evictable.add(block, block.hint())
+
+    def note_turn(self, session_id: str, now: float) -> None:
+        """A request of ``session_id`` arrived (policies that learn pauses listen)."""
+        self._evictable.note_turn(session_id, now)
 
     # ---- hash index ---------------------------------------------------------------------------
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:

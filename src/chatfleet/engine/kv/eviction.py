@@ -1,42 +1,58 @@
 """Eviction policies: which unreferenced cached block to reuse when no free block is left.
 
-A policy holds the cached blocks nobody references. The pool ``add``s a block when its last
-reference goes, ``remove``s it when a prefix-cache hit revives it, and ``pop``s a victim when it
-needs memory. Policies are registered by name (``CacheConfig.eviction_policy``).
+A policy holds the cached blocks nobody references. The pool ``add``s a block (with its
+``BlockHint``: session, last use on the injected clock, sharing history) when its last
+reference goes, ``remove``s it when a prefix-cache hit revives it, and ``pop``s a victim when
+it needs memory. The manager tells policies when a session starts a turn (``note_turn``), so a
+policy may learn how long conversations pause. The device and the host pool each have one,
+built by name from one registry (``CacheConfig.eviction_policy`` / ``host_eviction_policy``):
+
+- ``lru`` (stock): least recently released first.
+- ``lfu``: fewest uses first, least recently released among equals.
+- ``session``: least expected reuse first (``session_eviction.py``).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from chatfleet.errors import ConfigError
+from chatfleet.engine.kv.block import BlockHint, KVBlock
+from chatfleet.errors import KVIntegrityError
+from chatfleet.registry import Registry
 
-if TYPE_CHECKING:
-    from chatfleet.engine.kv.block_pool import KVBlock
+Clock = Callable[[], float]
 
 
 class EvictionPolicy(Protocol):
     name: str
 
-    def add(self, block: KVBlock) -> None: ...
+    def add(self, block: KVBlock, hint: BlockHint) -> None: ...
     def remove(self, block: KVBlock) -> None: ...
     def pop(self) -> KVBlock: ...
+    def note_turn(self, session_id: str, now: float) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[KVBlock]: ...
 
 
+EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy")
+
+
+@EVICTION_POLICIES.register("lru")
 class LRUEviction:
     """Least recently released first. Blocks of one request are released tail first, so a
     prompt's tail goes before its head (a head is shared by more future requests)."""
 
     name = "lru"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = time.monotonic) -> None:
         self._queue: OrderedDict[int, KVBlock] = OrderedDict()
 
-    def add(self, block: KVBlock) -> None:
+    def add(self, block: KVBlock, hint: BlockHint) -> None:
         self._queue[block.block_id] = block
 
     def remove(self, block: KVBlock) -> None:
@@ -45,6 +61,9 @@ class LRUEviction:
     def pop(self) -> KVBlock:
         return self._queue.popitem(last=False)[1]
 
+    def note_turn(self, session_id: str, now: float) -> None:
+        pass
+
     def __len__(self) -> int:
         return len(self._queue)
 
@@ -52,14 +71,52 @@ class LRUEviction:
         return iter(self._queue.values())
 
 
-EVICTION_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
-    "lru": LRUEviction,
-}
+@EVICTION_POLICIES.register("lfu")
+class LFUEviction:
+    """Fewest uses (requests that held the block) first; among equals, least recently released.
+
+    A heap with lazy deletion: ``remove`` forgets the block's entry, ``pop`` skips stale ones.
+    """
+
+    name = "lfu"
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self._heap: list[tuple[int, int, KVBlock]] = []
+        self._live: dict[int, int] = {}  # block id -> sequence number of its live heap entry
+        self._seq = itertools.count()
+
+    def add(self, block: KVBlock, hint: BlockHint) -> None:
+        seq = next(self._seq)
+        self._live[block.block_id] = seq
+        heapq.heappush(self._heap, (hint.num_uses, seq, block))
+        if len(self._heap) > 2 * len(self._live) + 64:
+            self._heap = [e for e in self._heap if self._live.get(e[2].block_id) == e[1]]
+            heapq.heapify(self._heap)
+
+    def remove(self, block: KVBlock) -> None:
+        del self._live[block.block_id]
+
+    def pop(self) -> KVBlock:
+        while self._heap:
+            _, seq, block = heapq.heappop(self._heap)
+            if self._live.get(block.block_id) == seq:
+                del self._live[block.block_id]
+                return block
+        raise KVIntegrityError("lfu: pop from an empty policy")
+
+    def note_turn(self, session_id: str, now: float) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        return (b for _, seq, b in self._heap if self._live.get(b.block_id) == seq)
 
 
-def make_eviction_policy(name: str) -> EvictionPolicy:
-    try:
-        return EVICTION_POLICIES[name]()
-    except KeyError:
-        valid = ", ".join(sorted(EVICTION_POLICIES))
-        raise ConfigError(f"unknown eviction policy {name!r}; valid: {valid}") from None
+def make_eviction_policy(name: str, clock: Clock = time.monotonic) -> EvictionPolicy:
+    return EVICTION_POLICIES.make(name, clock=clock)
+
+
+# Registers "session" (its own module: the pause model and grouped heap).
+from chatfleet.engine.kv import session_eviction as _session_eviction  # noqa: F401

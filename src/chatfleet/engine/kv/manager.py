@@ -1,26 +1,40 @@
-"""The KV manager: each request's block table, allocation as tokens grow, prefix reuse.
+"""The KV manager: each request's block table, allocation as tokens grow, prefix reuse, tiers.
 
 ``allocate(request, n)`` makes room for ``n`` more tokens after ``request.num_computed_tokens``
 and returns the blocks it added, or None ("not now": the scheduler waits or preempts). Blocks of
 tokens whose KV is computed are registered in the prefix cache by ``cache_computed``.
+
+A request's block hashes are computed once and extended as it grows (kept on the request, so a
+waiting request re-matched every step hashes nothing new). With a host tier, device evictions
+demote blocks to host memory and prefix hits there are promoted: both become ``KVTransfer``s
+that the scheduler puts in its plan (``take_transfers``) and releases after it ran
+(``finish_transfers``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chatfleet.engine.kv.block_pool import BlockHash, BlockPool, KVBlock, KVIntegrityError
-from chatfleet.engine.kv.prefix_cache import MatchResult, PrefixCache, extend_block_hashes
+from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
+from chatfleet.engine.kv.block_pool import BlockPool, Eviction
+from chatfleet.engine.kv.host_tier import HostTier
+from chatfleet.engine.kv.prefix_cache import NO_MATCH, MatchResult, PrefixCache
+from chatfleet.engine.outputs import KVTransfer
 from chatfleet.engine.request import Request
+from chatfleet.errors import KVIntegrityError
 
 
 @dataclass(frozen=True)
 class KVBlocks:
-    """Blocks added to a request by one ``allocate`` call: prefix hits first, then new ones."""
+    """Blocks added to a request by one ``allocate`` call: prefix hits first, then new ones
+    (the first ``num_loaded_blocks`` of the new ones are filled from the host tier)."""
 
     block_ids: list[int]
     num_hit_blocks: int = 0
+    num_loaded_blocks: int = 0
 
     @property
     def num_new_blocks(self) -> int:
@@ -31,7 +45,6 @@ class KVBlocks:
 class _RequestKV:
     blocks: list[KVBlock] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
-    hashes: list[BlockHash] = field(default_factory=list)
     num_cached_blocks: int = 0  # leading blocks already registered in (or found in) the cache
 
 
@@ -43,11 +56,21 @@ class KVManager:
         *,
         enable_prefix_caching: bool = True,
         eviction_policy: str = "lru",
+        num_host_blocks: int = 0,
+        host_eviction_policy: str = "lru",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.pool = BlockPool(num_blocks, eviction_policy)
-        self.prefix_cache = PrefixCache(self.pool, block_size, enabled=enable_prefix_caching)
+        self.clock = clock
+        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict)
+        self.host: HostTier | None = None
+        if num_host_blocks > 0 and enable_prefix_caching:
+            self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock))
+        self.prefix_cache = PrefixCache(
+            self.pool, block_size, enabled=enable_prefix_caching,
+            host_pool=self.host.pool if self.host is not None else None,
+        )
         self._requests: dict[str, _RequestKV] = {}
 
     @property
@@ -58,45 +81,73 @@ class KVManager:
     def usage(self) -> float:
         return self.pool.usage
 
+    @property
+    def host_pool(self) -> BlockPool | None:
+        return self.host.pool if self.host is not None else None
+
     def uses_prefix_cache(self, request: Request) -> bool:
         return self.prefix_cache.enabled and request.sampling_params.prompt_logprobs is None
+
+    def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The request's hashes of at least its first ``num_blocks`` full blocks (cached on it)."""
+        hashes = request.block_hashes
+        if len(hashes) < num_blocks:
+            tokens = request.all_token_ids[: num_blocks * self.block_size]
+            extend_block_hashes(hashes, tokens, self.block_size, request.cache_salt)
+        return hashes
 
     def match_prefix(self, request: Request) -> MatchResult:
         """Cached prefix of a request without KV, leaving at least its last token to compute."""
         if request.request_id in self._requests or not self.uses_prefix_cache(request):
-            return MatchResult(0)
-        n = (request.num_tokens - 1) // self.block_size * self.block_size
-        hashes = extend_block_hashes([], request.all_token_ids[:n], self.block_size, request.cache_salt)
-        return self.prefix_cache.match_hashes(hashes)
+            return NO_MATCH
+        n = (request.num_tokens - 1) // self.block_size
+        return self.prefix_cache.match_hashes(self.block_hashes(request, n), n)
 
     def allocate(
         self, request: Request, num_new_tokens: int, *, prefix: MatchResult | None = None
     ) -> KVBlocks | None:
         """Room for ``num_new_tokens`` after the computed ones (plus ``prefix`` hit blocks, for a
-        request that has no KV yet). None when the pool cannot supply the blocks now."""
+        request that has no KV yet; host hits are loaded into the first new blocks). None when
+        the pool cannot supply the blocks now."""
         state = self._requests.get(request.request_id)
         hit_blocks = prefix.blocks if prefix is not None else []
-        if hit_blocks and (state is not None or request.num_computed_tokens):
+        host_blocks = prefix.host_blocks if prefix is not None else []
+        if (hit_blocks or host_blocks) and (state is not None or request.num_computed_tokens):
             raise KVIntegrityError(f"prefix hit for {request.request_id!r}, which already has KV")
         num_held = len(state.blocks) if state is not None else 0
-        total = request.num_computed_tokens + len(hit_blocks) * self.block_size + num_new_tokens
-        num_needed = -(-total // self.block_size) - num_held - len(hit_blocks)
-        num_needed = max(num_needed, 0)
+        num_hit = len(hit_blocks)
+        total = request.num_computed_tokens + (num_hit + len(host_blocks)) * self.block_size + num_new_tokens
+        num_needed = max(-(-total // self.block_size) - num_held - num_hit, len(host_blocks))
         num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return None
+        if any(b.block_hash is None for b in hit_blocks) or any(b.block_hash is None for b in host_blocks):
+            raise KVIntegrityError(f"{request.request_id!r}: a matched block was evicted before allocation")
+        session = request.session_id
         if state is None:
             state = self._requests[request.request_id] = _RequestKV()
+            if session is not None and request.num_preemptions == 0:
+                now = self.clock()
+                self.pool.note_turn(session, now)
+                if self.host is not None:
+                    self.host.pool.note_turn(session, now)
         if prefix is not None and self.uses_prefix_cache(request):
-            self.prefix_cache.record(request.num_tokens, len(hit_blocks) * self.block_size)
-        self.pool.touch(hit_blocks)
-        new_blocks = self.pool.allocate(num_needed)
+            self.prefix_cache.record(request.num_tokens, num_hit * self.block_size,
+                                     len(host_blocks) * self.block_size)
+        if host_blocks:
+            assert self.host is not None
+            self.host.pin(host_blocks, session)  # before allocating: demotions may evict host blocks
+        self.pool.touch(hit_blocks, session)
+        new_blocks = self.pool.allocate(num_needed, session)
+        if host_blocks:
+            assert self.host is not None
+            self.host.promote(host_blocks, new_blocks, session)
         added = hit_blocks + new_blocks
         state.blocks.extend(added)
         added_ids = [b.block_id for b in added]
         state.block_ids.extend(added_ids)
-        state.num_cached_blocks += len(hit_blocks)
-        return KVBlocks(added_ids, len(hit_blocks))
+        state.num_cached_blocks += num_hit
+        return KVBlocks(added_ids, num_hit, len(host_blocks))
 
     def cache_computed(self, request: Request) -> None:
         """Register the request's full blocks whose KV is now computed."""
@@ -106,10 +157,8 @@ class KVManager:
         num_full = min(request.num_computed_tokens // self.block_size, len(state.blocks))
         if num_full <= state.num_cached_blocks:
             return
-        if len(state.hashes) < num_full:
-            tokens = request.all_token_ids[: num_full * self.block_size]
-            extend_block_hashes(state.hashes, tokens, self.block_size, request.cache_salt)
-        self.prefix_cache.cache_blocks(state.blocks, state.hashes, state.num_cached_blocks, num_full)
+        hashes = self.block_hashes(request, num_full)
+        self.prefix_cache.cache_blocks(state.blocks, hashes, state.num_cached_blocks, num_full)
         state.num_cached_blocks = num_full
 
     def free(self, request_id: str) -> None:
@@ -118,6 +167,19 @@ class KVManager:
         if state is not None:
             self.pool.free(state.blocks[::-1])
 
+    # ---- tiers ---------------------------------------------------------------------------------
+    def _on_device_evict(self, eviction: Eviction) -> None:
+        if self.host is not None:
+            self.host.demote(eviction)
+
+    def take_transfers(self) -> list[KVTransfer]:
+        return self.host.take_transfers() if self.host is not None else []
+
+    def finish_transfers(self) -> None:
+        if self.host is not None:
+            self.host.finish_transfers()
+
+    # ---- views ---------------------------------------------------------------------------------
     def block_ids(self, request_id: str) -> list[int]:
         state = self._requests.get(request_id)
         return list(state.block_ids) if state is not None else []
@@ -137,7 +199,8 @@ class KVManager:
         return self.prefix_cache.reset()
 
     def check_integrity(self) -> None:
-        """Pool invariants, plus: each block's ref count == the number of tables holding it."""
+        """Both pools' invariants, plus: each device block's ref count == the number of tables
+        holding it, and each host block's == the transfers in flight naming it."""
         self.pool.check_integrity()
         refs: Counter[int] = Counter()
         for rid, state in self._requests.items():
@@ -154,3 +217,5 @@ class KVManager:
                 raise KVIntegrityError(
                     f"{block!r} is held by {refs.get(block.block_id, 0)} requests"
                 )
+        if self.host is not None:
+            self.host.check_integrity()

@@ -4,7 +4,8 @@ Each chunk's tokens are written into the slots its block table names; sampling r
 context back from those slots and hashes it. A wrong block table, a prefix hit with foreign
 contents or a block reused while still in use therefore changes the output, so greedy
 equivalence tests catch KV bugs without torch. Reading a slot that holds the wrong position
-raises at once. An optional cost model advances a virtual clock (for capacity planning).
+raises at once. A host tier is a second slot array: KV transfers copy whole blocks between the
+two (stores before loads), so a wrong transfer shows in the contents as well. An optional cost model advances a virtual clock (for capacity planning).
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from chatfleet.engine.kv.block_pool import KVIntegrityError
-from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.outputs import (
+    NO_TRANSFERS,
+    KVTransfer,
+    RunnerOutput,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenLogprob,
+    TransferDirection,
+    TransferStats,
+)
+from chatfleet.errors import KVIntegrityError
 
 
 def _digest(data: bytes) -> int:
@@ -32,6 +43,7 @@ class SimRunner:
         vocab_size: int = 4096,
         max_model_len: int = 16384,
         cost_model: Callable[[SchedulerOutput], float] | None = None,
+        num_host_blocks: int = 0,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -43,10 +55,14 @@ class SimRunner:
         self._tokens = np.full((num_blocks, block_size), -1, dtype=np.int64)
         self._positions = np.full((num_blocks, block_size), -1, dtype=np.int64)
         self._rngs: dict[str, random.Random] = {}
+        self.num_host_blocks = num_host_blocks
+        self._host_tokens = np.full((num_host_blocks, block_size), -1, dtype=np.int64)
+        self._host_positions = np.full((num_host_blocks, block_size), -1, dtype=np.int64)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         for rid in plan.finished_request_ids:
             self._rngs.pop(rid, None)
+        stats = self._transfer(plan.kv_transfers) if plan.kv_transfers else NO_TRANSFERS
         sampled: dict[str, SampledToken] = {}
         prompt_logprobs: dict[str, list[TokenLogprob]] = {}
         for chunk in plan.chunks:
@@ -58,7 +74,24 @@ class SimRunner:
         self.num_steps += 1
         if self.cost_model is not None:
             self.virtual_time += self.cost_model(plan)
-        return RunnerOutput(sampled, prompt_logprobs)
+        return RunnerOutput(sampled, prompt_logprobs, stats)
+
+    def _transfer(self, transfers: list[KVTransfer]) -> TransferStats:
+        stored = loaded = 0
+        for t in sorted(transfers, key=lambda t: t.direction != TransferDirection.STORE):
+            d, h = list(t.device_block_ids), list(t.host_block_ids)
+            if max(h) >= self.num_host_blocks or max(d) >= self.num_blocks:
+                raise KVIntegrityError(f"KV transfer names a block out of range: {t}")
+            if t.direction == TransferDirection.STORE:
+                self._host_tokens[h] = self._tokens[d]
+                self._host_positions[h] = self._positions[d]
+                stored += len(d)
+            else:
+                self._tokens[d] = self._host_tokens[h]
+                self._positions[d] = self._host_positions[h]
+                loaded += len(d)
+        per_block = self.block_size * 16  # a nominal size: one K and one V word per token
+        return TransferStats(stored, loaded, stored * per_block, loaded * per_block)
 
     def _slots(self, table: list[int], start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         pos = np.arange(start, end)

@@ -11,9 +11,20 @@ from dataclasses import dataclass
 import torch
 
 from chatfleet.engine.models.attention import KVCache, Workspace, build_attention_metadata
+from chatfleet.engine.models.kv_cache import FP8
+from chatfleet.engine.models.kv_calibration import measure_kv_scales
+from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
-from chatfleet.engine.outputs import RunnerOutput, SampledToken, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.outputs import (
+    NO_TRANSFERS,
+    RunnerOutput,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+    TokenLogprob,
+)
+from chatfleet.engine.runner.kv_transfer import HostKVTransfer
 from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
 
 
@@ -24,6 +35,21 @@ def kv_bytes_per_token(model_config: Qwen3Config, dtype: str | torch.dtype) -> i
 
 
 log = logging.getLogger(__name__)
+
+
+def initial_kv_scales(loaded: LoadedModel, from_prompts: int | None) -> tuple[KVScales | None, int]:
+    """An FP8 cache's scales at start-up, and how many prompt tokens are still to measure them.
+
+    The checkpoint's scales win; else measure from ``from_prompts`` tokens; else 1.0 and one warning.
+    """
+    if loaded.kv_scales is not None:
+        log.info("%s", loaded.kv_scales.describe())
+        return loaded.kv_scales, 0
+    if from_prompts:
+        log.info("FP8 KV cache: scales will be measured from the first %d prompt tokens", from_prompts)
+        return None, from_prompts
+    log.warning(MISSING_SCALES_WARNING)
+    return KVScales.ones(loaded.config.num_layers), 0
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _malloc_tuned = False
@@ -66,7 +92,8 @@ class TorchRunner:
     """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
 
     def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
-                 device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
+                 kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.loaded = loaded_model
@@ -75,11 +102,19 @@ class TorchRunner:
         self.device = torch.device(device) if device is not None else loaded_model.device
         self._num_blocks = num_blocks
         self._block_size = block_size
+        kv_dtype = FP8 if kv_cache_dtype == "fp8" else (
+            loaded_model.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype))
+        self.kv_scales: KVScales | None = None  # FP8 cache only; None while waiting to measure them
+        self._calibrate_tokens = 0
+        if kv_dtype == FP8:
+            self.kv_scales, self._calibrate_tokens = initial_kv_scales(loaded_model, kv_scales_from_prompts)
+        scales = self.kv_scales or KVScales.ones(self.config.num_layers)
         self.kv_caches = [
             KVCache.allocate(num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim,
-                             loaded_model.dtype, self.device)
-            for _ in range(self.config.num_layers)
+                             kv_dtype, self.device, scales.k[i], scales.v[i])
+            for i in range(self.config.num_layers)
         ]
+        self.host_kv = HostKVTransfer(self.kv_caches, num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -94,6 +129,10 @@ class TorchRunner:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.host_kv.num_host_blocks if self.host_kv is not None else 0
 
     @property
     def vocab_size(self) -> int:
@@ -130,11 +169,19 @@ class TorchRunner:
         for rid in scheduler_output.finished_request_ids:
             self._generators.pop(rid, None)
             self._pending_prompt.pop(rid, None)
+        transfer_stats = NO_TRANSFERS
+        if scheduler_output.kv_transfers:
+            if self.host_kv is None:
+                raise ValueError("a plan with KV transfers for a runner without a host tier")
+            with torch.inference_mode():
+                transfer_stats = self.host_kv.execute(scheduler_output.kv_transfers)
         if not scheduler_output.chunks:
-            return RunnerOutput(sampled={})
+            return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
         chunks = scheduler_output.chunks
         for c in chunks:
             self._check_chunk(c)
+        if self._calibrate_tokens:
+            self._measure_kv_scales(chunks)
         # Decodes first, shortest context first (decode attention groups similar lengths).
         decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.context_length)
         prefills = [c for c in chunks if c.num_tokens > 1]
@@ -182,7 +229,7 @@ class TorchRunner:
             pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
             hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
             if not rows:
-                return RunnerOutput(sampled={})
+                return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
             prompt_lps = {c.request_id: self._prompt_logprobs(c, logits[r : r + c.num_tokens])
                           for c, r in prompt_chunks}
@@ -195,7 +242,17 @@ class TorchRunner:
                 ]
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
-        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps)
+        return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
+
+    def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
+        """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""
+        prompts = [c.token_ids for c in chunks if c.start_position == 0]
+        used = min(sum(map(len, prompts)), self._calibrate_tokens)
+        scales = measure_kv_scales(self.model, prompts, self._calibrate_tokens, self.device)
+        for cache, ks, vs in zip(self.kv_caches, scales.k, scales.v):
+            cache.k_scale, cache.v_scale = ks, vs
+        self.kv_scales, self._calibrate_tokens = scales, 0
+        log.info("%s (measured on %d prompt tokens, now fixed)", scales.describe(), used)
 
     def _prompt_logprobs(self, c: ScheduledChunk, logits: torch.Tensor) -> list[TokenLogprob]:
         """Scores of the chunk's tokens (the first one by the previous chunk's last position)."""

@@ -1,0 +1,50 @@
+"""Block hashes: chained, keyed BLAKE2b, stable across processes; block usage history."""
+
+import subprocess
+import sys
+
+from chatfleet.engine.kv.block import KVBlock, extend_block_hashes, hash_block
+
+BS = 4
+
+
+def test_hash_is_stable_across_processes():
+    code = (
+        "from chatfleet.engine.kv.block import extend_block_hashes;"
+        "print([h.value for h in extend_block_hashes([], list(range(12)), 4, 'salt')])"
+    )
+    env_hashseeds = []
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={"PYTHONHASHSEED": seed, "PYTHONPATH": ":".join(sys.path)})
+        env_hashseeds.append(out.stdout.strip())
+    here = str([h.value for h in extend_block_hashes([], list(range(12)), BS, "salt")])
+    assert env_hashseeds == [here, here]
+
+
+def test_chain_salt_and_tokens_all_change_the_hash():
+    base = extend_block_hashes([], list(range(8)), BS)
+    assert base[1].parent_value == base[0].value
+    assert extend_block_hashes([], list(range(8)), BS, "t")[1].value != base[1].value  # salt chains on
+    assert hash_block(None, [0, 1, 2, 4]).value != base[0].value
+    assert hash_block(base[0], [4, 5, 6, 7]) == base[1]
+    # token ids that would collide under a naive byte encoding stay distinct
+    assert hash_block(None, [256]).value != hash_block(None, [0, 1]).value
+
+
+def test_extension_hashes_only_new_blocks():
+    hashes = extend_block_hashes([], list(range(6)), BS)
+    first = hashes[0]
+    extend_block_hashes(hashes, list(range(13)), BS)
+    assert hashes[0] is first and len(hashes) == 3
+
+
+def test_block_history_counts_uses_and_session_changes():
+    b = KVBlock(0)
+    b.note_use("a")
+    b.note_use("a")
+    assert (b.num_uses, b.num_sessions) == (2, 1) and not b.hint().is_shared
+    b.note_use("b")
+    assert b.hint().is_shared and b.hint().session_id == "b"
+    b.reset_history()
+    assert b.num_uses == 0 and b.session_id is None
