@@ -18,6 +18,18 @@ def engine(
     kernels: str = typer.Option(
         _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
     ),
+    kv_cache_dtype: str = typer.Option(
+        _E.kv_cache_dtype, "--kv-cache-dtype", help="KV cache dtype: auto (the model's), float32, bfloat16, float16, fp8."
+    ),
+    kv_scales_from_prompts: int | None = typer.Option(
+        None, "--kv-scales-from-prompts", help="FP8 cache: measure K/V scales from the first N prompt tokens."
+    ),
+    quantization: str | None = typer.Option(
+        None, "--quantization", help="fp8: quantize a 16/32-bit checkpoint's linears block-wise at load."
+    ),
+    embedding_dtype: str = typer.Option(
+        _E.embedding_dtype, "--embedding-dtype", help="auto (the model's dtype) or fp8 (per-row scales)."
+    ),
     kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool size in tokens."),
     kv_cache_memory: str | None = typer.Option(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
@@ -70,6 +82,10 @@ def engine(
             seed=seed,
             max_model_len=max_model_len,
             num_threads=threads,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_scales_from_prompts=kv_scales_from_prompts,
+            quantization=quantization,
+            embedding_dtype=embedding_dtype,
             cache=CacheConfig(
                 block_size=block_size,
                 num_tokens=kv_cache_tokens,
