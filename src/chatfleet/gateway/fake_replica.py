@@ -86,7 +86,7 @@ class FakeReplica:
         if b.status != 200:
             return await _reply(send, b.status, json.dumps({"error": {
                 "message": f"fake error {b.status}", "type": "fake", "param": None, "code": None}}).encode())
-        tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens)
+        tokens = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens), 100_000)
         chat = path == "/v1/chat/completions"
         if b.ttft_s:
             await asyncio.sleep(b.ttft_s)
