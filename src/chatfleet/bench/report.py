@@ -137,8 +137,8 @@ def _points_table(name: str, sw: dict) -> str:
         cells = [f"{p['level']:g}", "yes" if p["passed"] else "<b>no</b>", str(len(p["runs"])),
                  str(sum(r["throttled"] for r in p["runs"]))]
         for k in keys:
-            iv = p["intervals"][k]
-            cells.append(f"{iv['mean']:.4g} [{iv['low']:.3g}, {iv['high']:.3g}]")
+            iv = p["intervals"].get(k)  # a point where no run reported a hit rate has none
+            cells.append("-" if iv is None else f"{iv['mean']:.4g} [{iv['low']:.3g}, {iv['high']:.3g}]")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
     knee_txt = "none (the lowest load broke the SLO)" if knee is None else f"{knee:g}" + (

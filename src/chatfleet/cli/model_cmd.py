@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.errors import ChatfleetError
 from chatfleet.models.tiny import SIZES, build_tiny_model
 
@@ -18,15 +19,19 @@ def tiny(
     out: Path = typer.Option(..., "--out", help="Folder to write the Hugging Face model into."),
     size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    fp8: bool = typer.Option(
+        False, "--fp8", help="Write an FP8 checkpoint (e4m3 linears, block-wise [128,128] weight_scale_inv)."
+    ),
 ) -> None:
     """Build a Qwen3-architecture model with seeded random weights and a local BPE tokenizer."""
     start = time.perf_counter()
     try:
-        path = build_tiny_model(out, size=size, seed=seed)
+        path = build_tiny_model(out, size=size, seed=seed, fp8=FP8WeightFormat() if fp8 else None)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"built {size} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
+    kind = " FP8" if fp8 else ""
+    typer.echo(f"built {size}{kind} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,8 @@
 """Paged attention over a block-structured KV cache.
 
-Each layer owns one ``KVCache``: ``key`` and ``value`` tensors of shape
-``[num_kv_heads, num_blocks, block_size, head_dim]``. A token at position ``p`` of a request
+Each layer owns one ``KVCache`` (``kv_cache.py``): ``key`` and ``value`` tensors of shape
+``[num_kv_heads, num_blocks, block_size, head_dim]``, in the model's dtype or FP8 with a K and a
+V scale (written quantized, read dequantized). A token at position ``p`` of a request
 lives in slot ``block_table[p // block_size] * block_size + p % block_size`` of every head.
 Heads come first so that gathering a batch's blocks yields ``[num_kv_heads * batch, tokens,
 head_dim]`` directly, ready for batched matmuls without another copy.
@@ -19,26 +20,12 @@ from dataclasses import dataclass, field
 import torch
 
 from chatfleet.engine.models.decode_attention import DECODE_PAD_LIMIT, DecodeGroup, build_decode_groups, decode_attention
+from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
 __all__ = ["AttentionMetadata", "ChunkSpan", "KVCache", "Workspace", "build_attention_metadata",
            "causal_attention", "paged_attention"]
-
-
-@dataclass
-class KVCache:
-    """One layer's paged cache; ``key``/``value``: [num_kv_heads, num_blocks, block_size, head_dim]."""
-
-    key: torch.Tensor
-    value: torch.Tensor
-
-    @classmethod
-    def allocate(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        shape = (num_kv_heads, num_blocks, block_size, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device))
 
 
 @dataclass
@@ -48,7 +35,8 @@ class ChunkSpan:
     query_start: int  # index of its first token in the batch
     query_len: int
     start_position: int  # tokens of this sequence already in the cache before this step
-    block_ids: torch.Tensor  # [ceil(context_len / block_size)] long; unused when start_position == 0
+    block_ids: torch.Tensor  # blocks from key_start to the context end; unused when start_position == 0
+    key_start: int = 0  # first position read from the cache (block-aligned; > 0 only in a window)
 
     @property
     def context_len(self) -> int:
@@ -65,6 +53,7 @@ class AttentionMetadata:
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # cover [0, num_decodes) in order
     chunks: list[ChunkSpan] = field(default_factory=list)
     workspace: Workspace | None = None  # reusable gather buffers (saves page faults per layer)
+    sliding_window: int | None = None  # queries see only the last ``sliding_window`` positions
 
 
 def build_attention_metadata(
@@ -76,12 +65,14 @@ def build_attention_metadata(
     chunk_block_tables: list[list[int]],
     device: torch.device | str,
     decode_pad_limit: int = DECODE_PAD_LIMIT,
+    sliding_window: int | None = None,
 ) -> AttentionMetadata:
     """Metadata for ``len(decode_context_lens)`` single-token queries followed by the chunks.
 
     ``decode_context_lens[i]`` counts the decode's own new token; block tables may be longer
     than needed (only the blocks covering the context are used). Decodes are grouped in the
     given order (see ``decode_attention.group_decodes``); sorted by length they pad least.
+    With ``sliding_window``, only blocks holding positions inside some query's window are read.
     """
     slots: list[torch.Tensor] = []
     num_decodes = len(decode_context_lens)
@@ -91,17 +82,18 @@ def build_attention_metadata(
                         for ctx, table in zip(decode_context_lens, decode_block_tables)]
         slots.append(torch.tensor(decode_slots, dtype=torch.long, device=device))
         decode_groups = build_decode_groups(decode_context_lens, decode_block_tables, block_size, device,
-                                            decode_pad_limit)
+                                            decode_pad_limit, sliding_window)
 
     chunks: list[ChunkSpan] = []
     query_start = num_decodes
     for start, n, table in zip(chunk_starts, chunk_lens, chunk_block_tables):
         ctx = start + n
         nblocks = (ctx + block_size - 1) // block_size
-        block_ids = torch.tensor(table[:nblocks], dtype=torch.long, device=device)
+        first = 0 if sliding_window is None else max(0, start - sliding_window + 1) // block_size
+        block_ids = torch.tensor(table[first:nblocks], dtype=torch.long, device=device)
         pos = torch.arange(start, ctx, device=device)
-        slots.append(block_ids[pos // block_size] * block_size + pos % block_size)
-        chunks.append(ChunkSpan(query_start, n, start, block_ids))
+        slots.append(block_ids[pos // block_size - first] * block_size + pos % block_size)
+        chunks.append(ChunkSpan(query_start, n, start, block_ids, first * block_size))
         query_start += n
 
     return AttentionMetadata(
@@ -110,40 +102,54 @@ def build_attention_metadata(
         num_decodes=num_decodes,
         decode_groups=decode_groups,
         chunks=chunks,
+        sliding_window=sliding_window,
     )
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     kernels: str = "torch") -> torch.Tensor:
+                     kernels: str = "torch", window: int | None = None) -> torch.Tensor:
     """Plain causal attention of one sequence. q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]."""
-    return chunk_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0, scale, kernels)
+    return chunk_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0, scale, kernels, window)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                    meta: AttentionMetadata, scale: float, kernels: str = "torch") -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, kernels: str = "torch",
+                    write: bool = True) -> torch.Tensor:
     """Write the step's new k/v into the cache, then attend. q: [T, Hq, D]; k, v: [T, Hkv, D].
 
     ``kernels``: the resolved kernel backend for multi-token chunks (``onednn`` or ``torch``).
+    ``write=False``: k/v are already in ``cache`` (a layer reading another layer's KV).
     """
     num_kv_heads, num_blocks, block_size, head_dim = cache.key.shape
-    flat_k = cache.key.view(num_kv_heads, num_blocks * block_size, head_dim)
-    flat_v = cache.value.view(num_kv_heads, num_blocks * block_size, head_dim)
-    flat_k.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    flat_v.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if write:
+        cache.write(meta.slot_mapping, k, v)
 
     d = meta.num_decodes
+    ks, vs = (cache.k_scale, cache.v_scale) if cache.is_fp8 else (1.0, 1.0)
     if not meta.chunks:
-        return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale)
+        return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
     out = torch.empty_like(q)
     if d:
-        out[:d] = decode_attention(q[:d], cache.key, cache.value, meta.decode_groups, meta.workspace, scale)
+        out[:d] = decode_attention(q[:d], cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
     for c in meta.chunks:
         qs = slice(c.query_start, c.query_start + c.query_len)
         if c.start_position == 0:  # nothing cached before: attend over the chunk itself
-            kc, vc = k[qs].transpose(0, 1), v[qs].transpose(0, 1)
+            kq, vq = cache.round_trip(k[qs], v[qs])
+            kc, vc = kq.transpose(0, 1), vq.transpose(0, 1)
         else:  # the whole context from the cache: [Hkv, blocks * block_size, D], first ctx rows
-            ctx = c.context_len
-            kc = gather_blocks(cache.key, c.block_ids, meta.workspace, "ck").view(num_kv_heads, -1, head_dim)[:, :ctx]
-            vc = gather_blocks(cache.value, c.block_ids, meta.workspace, "cv").view(num_kv_heads, -1, head_dim)[:, :ctx]
-        out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels)
+            ctx = c.context_len - c.key_start
+            kc = _read(cache.key, c.block_ids, meta.workspace, "ck", ks, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
+            vc = _read(cache.value, c.block_ids, meta.workspace, "cv", vs, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
+        out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels, meta.sliding_window,
+                                  c.key_start if c.start_position else 0)
     return out
+
+
+def _read(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None, name: str, scale: float,
+          dtype: torch.dtype) -> torch.Tensor:
+    """The blocks of one cache tensor, dequantized to ``dtype`` when the cache is FP8."""
+    raw = gather_blocks(cache, block_ids, workspace, name)
+    if raw.dtype == dtype:
+        return raw
+    out = workspace.get(name + "_dq", tuple(raw.shape), dtype, raw.device) if workspace is not None else None
+    return dequantize_fp8(raw, scale, dtype, out)

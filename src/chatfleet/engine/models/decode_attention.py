@@ -2,7 +2,7 @@
 
 Decodes of one group run as one padded gather of their keys, one batched matmul for the
 scores and, on CPU, ``embedding_bag`` weighted sums of the value rows read in place (no copy
-of V); elsewhere a gather of V and a second batched matmul. Every sequence of a group is
+of V); elsewhere (and for an FP8 cache) a gather of V and a second batched matmul. Every sequence of a group is
 padded to the group's longest context, so the runner sorts decodes by context length and
 ``group_decodes`` starts a new group where padding would cost more than ``DECODE_PAD_LIMIT``
 tokens: a batch of 500-token chats and one 8,000-token chat does not pad every chat to 8,000.
@@ -76,30 +76,54 @@ def group_decodes(num_blocks: list[int], block_size: int, pad_limit: int = DECOD
 
 
 def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], block_size: int,
-                        device: torch.device | str, pad_limit: int = DECODE_PAD_LIMIT) -> list[DecodeGroup]:
-    """``context_lens[i]`` counts decode i's own new token; tables may be longer than needed."""
-    nblocks = [(ctx + block_size - 1) // block_size for ctx in context_lens]
+                        device: torch.device | str, pad_limit: int = DECODE_PAD_LIMIT,
+                        window: int | None = None) -> list[DecodeGroup]:
+    """``context_lens[i]`` counts decode i's own new token; tables may be longer than needed.
+
+    With a sliding ``window`` only the blocks holding the last ``window`` positions are read
+    (entries of the table before them are never touched: they may have been released).
+    """
+    first = [0 if window is None else max(0, ctx - window) // block_size for ctx in context_lens]
+    nblocks = [(ctx + block_size - 1) // block_size - f for ctx, f in zip(context_lens, first)]
     groups: list[DecodeGroup] = []
     for r in group_decodes(nblocks, block_size, pad_limit):
         max_blocks = max(nblocks[i] for i in r)
         flat: list[int] = []
         for i in r:
-            flat.extend(block_tables[i][: nblocks[i]])
+            flat.extend(block_tables[i][first[i] : first[i] + nblocks[i]])
             flat.extend([0] * (max_blocks - nblocks[i]))  # padding: any valid block, masked out
         lens = torch.tensor([context_lens[i] for i in r], dtype=torch.long, device=device)
         span = torch.arange(max_blocks * block_size, device=device)
+        if window is None:
+            mask = span[None, :] < lens[:, None]
+        else:  # absolute position of span slot j: first block's start + j
+            starts = torch.tensor([first[i] * block_size for i in r], dtype=torch.long, device=device)
+            pos = starts[:, None] + span[None, :]
+            mask = (pos < lens[:, None]) & (pos >= lens[:, None] - window)
         groups.append(DecodeGroup(r.start, len(r), max_blocks, block_size,
-                                  torch.tensor(flat, dtype=torch.long, device=device), span[None, :] < lens[:, None]))
+                                  torch.tensor(flat, dtype=torch.long, device=device), mask))
     return groups
 
 
+def _dequantized(raw: torch.Tensor, dtype: torch.dtype, workspace: Workspace | None, name: str) -> torch.Tensor:
+    """FP8 cache rows in ``dtype``, unscaled (the caller applies the layer's scale once)."""
+    if raw.dtype == dtype:
+        return raw
+    if workspace is None:
+        return raw.to(dtype)
+    return workspace.get(name, tuple(raw.shape), dtype, raw.device).copy_(raw)
+
+
 def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
-                     workspace: Workspace | None, scale: float) -> torch.Tensor:
+                     workspace: Workspace | None, scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     num_kv_heads, _, _, head_dim = key.shape
     d, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
+    k = _dequantized(k, q.dtype, workspace, "k_dq")
+    scale = scale * k_scale  # an FP8 cache's K scale folds into the score scale
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = g.bias(num_kv_heads)
@@ -108,7 +132,7 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     else:  # low-precision inputs: softmax in float32
         scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
     probs = scores.softmax(dim=-1).to(q.dtype)  # [Hkv * d, group, span]; padding gets weight 0
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and value.dtype == q.dtype:
         # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy.
         index, offsets = g.bags(group)
         out = torch.empty(d, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
@@ -119,17 +143,23 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
                                         per_sample_weights=weights).view(d, group, head_dim)
         return out.view(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
-    out = torch.bmm(probs, v)  # [Hkv * d, group, D]
+    out = torch.bmm(probs, _dequantized(v, q.dtype, workspace, "v_dq"))  # [Hkv * d, group, D]
+    if v_scale != 1.0:  # an FP8 cache's V scale: once on the output
+        out.mul_(v_scale)
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 
 def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[DecodeGroup],
-                     workspace: Workspace | None, scale: float) -> torch.Tensor:
-    """q [d, Hq, D], one query per sequence, over the layer's cache key/value -> [d, Hq, D]."""
+                     workspace: Workspace | None, scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """q [d, Hq, D], one query per sequence, over the layer's cache key/value -> [d, Hq, D].
+
+    An FP8 cache (key/value in ``float8_e4m3fn``) is read as ``fp8 * k_scale`` / ``fp8 * v_scale``.
+    """
     if len(groups) == 1:
-        return _group_attention(q, key, value, groups[0], workspace, scale)
+        return _group_attention(q, key, value, groups[0], workspace, scale, k_scale, v_scale)
     out = torch.empty_like(q)
     for g in groups:
         out[g.start : g.start + g.count] = _group_attention(q[g.start : g.start + g.count], key, value, g,
-                                                            workspace, scale)
+                                                            workspace, scale, k_scale, v_scale)
     return out

@@ -1,7 +1,8 @@
 """Causal attention of one multi-token chunk over its sequence's keys and values.
 
 ``chunk_attention(q, k, v, start, scale)``: q [n, Hq, D] holds positions ``start .. start+n-1``;
-k, v [Hkv, start + n, D] cover the whole context. With the ``onednn`` kernels it runs as blocks
+k, v [Hkv, start + n - key_start, D] cover the context from position ``key_start`` (0: all of it).
+With a sliding ``window`` a query at position p sees only keys at p - window + 1 .. p. With the ``onednn`` kernels it runs as blocks
 of query rows through oneDNN matrix products: each block of rows multiplies only the keys up to
 its own last position (so about half the products of a full square), the ``g = Hq / Hkv``
 query heads of one KV head are stacked into one matrix (one product per KV head, no copies of
@@ -31,8 +32,19 @@ def _diagonal_bias(n: int, group: int, device: torch.device) -> torch.Tensor:
     return bias.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
 
 
+def _window_bias(first_query: int, rows: int, group: int, key_lo: int, key_hi: int, window: int,
+                 device: torch.device) -> torch.Tensor:
+    """[rows * group, key_hi - key_lo] float32: 0 where the query may see the key, else -inf
+    (causal and inside the window; positions are absolute)."""
+    qpos = torch.arange(first_query, first_query + rows, device=device).repeat_interleave(group)
+    kpos = torch.arange(key_lo, key_hi, device=device)
+    visible = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+    return bias.masked_fill_(~visible, float("-inf"))
+
+
 def _onednn_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-                            scale: float) -> torch.Tensor:
+                            scale: float, window: int | None = None, key_start: int = 0) -> torch.Tensor:
     n, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[0]
     group = num_heads // num_kv_heads
@@ -47,42 +59,54 @@ def _onednn_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     for qs in range(0, n, QUERY_BLOCK):
         qe = min(n, qs + QUERY_BLOCK)
         rows = qe - qs
-        kv_end = start + qe  # keys this block may see
-        bias = _diagonal_bias(rows, group, q.device)
+        kv_end = start + qe - key_start  # keys this block may see (indices into k, v)
+        kv_lo = 0 if window is None else max(0, start + qs - window + 1 - key_start)
+        if window is None:
+            bias = _diagonal_bias(rows, group, q.device)
+        else:
+            bias = _window_bias(start + qs, rows, group, key_start + kv_lo, key_start + kv_end, window, q.device)
         for h in range(num_kv_heads):
-            scores = onednn_matmul_nt(qh[h, qs:qe].view(rows * group, head_dim), k[h, :kv_end])
+            scores = onednn_matmul_nt(qh[h, qs:qe].view(rows * group, head_dim), k[h, kv_lo:kv_end])
             if scores.dtype != torch.float32:
                 scores = scores.float()
-            scores[:, start + qs : kv_end].add_(bias)
+            if window is None:
+                scores[:, start + qs - key_start : kv_end].add_(bias)
+            else:
+                scores.add_(bias)
             probs = scores.softmax(dim=-1)
             if probs.dtype != q.dtype:
                 probs = probs.to(q.dtype)
-            vh = vt[h, :, :kv_end]
-            out[qs:qe, h] = onednn_matmul_nt(probs, vh if kv_end == vt.shape[2] else vh.contiguous()).view(
+            vh = vt[h, :, kv_lo:kv_end]
+            whole = kv_lo == 0 and kv_end == vt.shape[2]
+            out[qs:qe, h] = onednn_matmul_nt(probs, vh if whole else vh.contiguous()).view(
                 rows, group, head_dim)
     return out.view(n, num_heads, head_dim)
 
 
 def _sdpa_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-                          scale: float) -> torch.Tensor:
+                          scale: float, window: int | None = None, key_start: int = 0) -> torch.Tensor:
     n = q.shape[0]
     mask = None
-    if start > 0:
+    if start > 0 or window is not None or key_start > 0:
         ctx = start + n
         pos = torch.arange(start, ctx, device=q.device)
-        mask = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]
+        kpos = torch.arange(key_start, ctx, device=q.device)
+        mask = kpos[None, :] <= pos[:, None]
+        if window is not None:
+            mask &= kpos[None, :] > pos[:, None] - window
     # 4-D inputs (batch of one) take the fused CPU kernel; 3-D ones fall back to the math path.
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
-                                         is_causal=start == 0, scale=scale, enable_gqa=True)
+                                         is_causal=mask is None, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
-                    kernels: str = "torch") -> torch.Tensor:
-    """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n, D].
+                    kernels: str = "torch", window: int | None = None, key_start: int = 0) -> torch.Tensor:
+    """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n-key_start, D]
+    (positions key_start..start+n-1), limited to a sliding ``window`` when given.
 
     ``kernels``: a resolved kernel backend, ``onednn`` or ``torch``.
     """
     if kernels == "onednn":
-        return _onednn_chunk_attention(q, k, v, start, scale)
-    return _sdpa_chunk_attention(q, k, v, start, scale)
+        return _onednn_chunk_attention(q, k, v, start, scale, window, key_start)
+    return _sdpa_chunk_attention(q, k, v, start, scale, window, key_start)
