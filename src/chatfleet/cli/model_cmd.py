@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.errors import ChatfleetError
+from chatfleet.errors import ChatfleetError, ConfigError
 from chatfleet.models.tiny import SIZES, build_tiny_model
+from chatfleet.models.tiny_gemma4 import build_tiny_gemma4
 
 model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=True)
 
@@ -18,15 +19,26 @@ def tiny(
     out: Path = typer.Option(..., "--out", help="Folder to write the Hugging Face model into."),
     size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    arch: str = typer.Option("qwen3", "--arch", help="qwen3 or gemma4."),
+    moe: bool = typer.Option(False, "--moe", help="gemma4: the mixture-of-experts variant."),
+    multimodal: bool = typer.Option(False, "--multimodal",
+                                    help="gemma4: a Gemma4ForConditionalGeneration folder with a vision tower."),
 ) -> None:
-    """Build a Qwen3-architecture model with seeded random weights and a local BPE tokenizer."""
+    """Build a model with seeded random weights and a local BPE tokenizer (Qwen3 or Gemma 4 layout)."""
     start = time.perf_counter()
     try:
-        path = build_tiny_model(out, size=size, seed=seed)
+        if arch == "gemma4":
+            path = build_tiny_gemma4(out, size=size, moe=moe, multimodal=multimodal, seed=seed)
+        elif arch != "qwen3":
+            raise ConfigError(f"unknown --arch {arch!r}; valid: qwen3, gemma4")
+        elif moe or multimodal:
+            raise ConfigError("--moe and --multimodal need --arch gemma4")
+        else:
+            path = build_tiny_model(out, size=size, seed=seed)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"built {size} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
+    typer.echo(f"built {arch} {size} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,17 +228,30 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "chatfleet"
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """``"tiny"``/``"small"``: build once into the cache (safe across processes); else a local folder."""
-    name = str(name_or_path)
+def _named_builder(name: str) -> Callable[[Path], Path] | None:
+    """How to build a built-in model name (Qwen3 sizes, or ``tiny_gemma4`` names), else None."""
     if name in SIZES:
+        return lambda out: build_tiny_model(out, size=name, seed=0)
+    from chatfleet.models.tiny_gemma4 import build_named, is_gemma4_name
+
+    if is_gemma4_name(name):
+        return lambda out: build_named(name, out, seed=0)
+    return None
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
+    """A built-in name (``tiny``, ``small``, ``tiny-gemma4``, ``small-gemma4-moe``, ...): build once
+    into the cache (safe across processes); else a local folder."""
+    name = str(name_or_path)
+    builder = _named_builder(name)
+    if builder is not None:
         target = cache_root() / "models" / f"{name}-{CACHE_VERSION}"
         if (target / "config.json").is_file():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
-            build_tiny_model(tmp, size=name, seed=0)
+            builder(tmp)
             try:
                 os.rename(tmp, target)  # atomic; loses harmlessly to a concurrent builder
             except OSError:
@@ -250,7 +264,7 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise ConfigError(
             f"model {name!r} is not a local folder; use a Hugging Face model folder or one of: "
-            f"{', '.join(SIZES)}"
+            f"{', '.join(SIZES)}, {{tiny,small}}-gemma4[-moe][-mm]"
         )
     if not (path / "config.json").is_file():
         raise ConfigError(f"model folder {str(path)!r} has no config.json")
