@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.transport import Session
+from chatfleet.protocol.sse import DataSplitter
 
 
 @dataclass(frozen=True)
@@ -33,29 +34,6 @@ class ClientConfig:
 class ChatResult:
     record: RequestRecord
     text: str  # the reply, for the next turn's history
-
-
-class _SSE:
-    """Incremental ``data:`` event splitter over raw body bytes."""
-
-    def __init__(self) -> None:
-        self.buf = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self.buf + data
-        if b"\r" in buf:  # CRLF framing; a CR split from its LF waits in the tail
-            buf = buf.replace(b"\r\n", b"\n")
-        events = buf.split(b"\n\n")
-        self.buf = events.pop()  # the unfinished tail
-        out = []
-        for event in events:
-            if event.startswith(b"data:") and b"\n" not in event:
-                out.append(event[5:].strip())
-                continue
-            lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                out.append(b"\n".join(lines))
-        return out
 
 
 def build_payload(cfg: ClientConfig, messages: list[dict], max_tokens: int) -> dict:
@@ -107,7 +85,7 @@ async def send_chat(session: Session, cfg: ClientConfig, rec: RequestRecord, mes
 
 
 async def _consume(chunks, rec: RequestRecord, pieces: list[str], t0_ns: int, intended_ns: int, probe) -> None:
-    sse = _SSE()
+    sse = DataSplitter()
     sec = 1e-9
     first_ns = last_ns = None
     counted = 0

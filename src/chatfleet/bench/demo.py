@@ -18,7 +18,6 @@ from rich.console import Console
 
 from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
-from chatfleet.bench.engines import EngineProcess
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
@@ -27,6 +26,7 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.workload import get_profile
 from chatfleet.errors import ConfigError
+from chatfleet.testing.engines import launch_engine
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class DemoResult:
 def _sweep_engine(cfg: DemoConfig, name: str, args: list[str], con: Console) -> SweepResult:
     log = cfg.out_dir / f"engine-{name}.log"
     con.print(f"[bold]{name}[/]: chatfleet engine --model {cfg.model} {' '.join(args)} (threads {cfg.threads})")
-    with EngineProcess(cfg.model, args, threads=cfg.threads, log_path=log) as eng:
+    with launch_engine(cfg.model, args, threads=cfg.threads, log_dir=log.parent, log_name=log.stem) as eng:
         load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
         proto = RunProtocol(eng.url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind="chatfleet")

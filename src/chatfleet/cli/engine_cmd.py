@@ -18,12 +18,40 @@ def engine(
     kernels: str = typer.Option(
         _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
     ),
+    kv_cache_dtype: str = typer.Option(
+        _E.kv_cache_dtype, "--kv-cache-dtype", help="KV cache dtype: auto (the model's), float32, bfloat16, float16, fp8."
+    ),
+    kv_scales_from_prompts: int | None = typer.Option(
+        None, "--kv-scales-from-prompts", help="FP8 cache: measure K/V scales from the first N prompt tokens."
+    ),
+    quantization: str | None = typer.Option(
+        None, "--quantization", help="fp8: quantize a 16/32-bit checkpoint's linears block-wise at load."
+    ),
+    embedding_dtype: str = typer.Option(
+        _E.embedding_dtype, "--embedding-dtype", help="auto (the model's dtype) or fp8 (per-row scales)."
+    ),
     kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool size in tokens."),
     kv_cache_memory: str | None = typer.Option(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
     ),
     block_size: int = typer.Option(_C.block_size, "--block-size", help="Tokens per KV block."),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Turn prefix caching off."),
+    host_cache_memory: str | None = typer.Option(
+        None, "--host-cache-memory",
+        help="Host-memory KV tier (bytes or with a unit, e.g. 12GiB): device evictions demote there.",
+    ),
+    eviction_policy: str = typer.Option(
+        _C.eviction_policy, "--eviction-policy", help="Device KV pool eviction: lru, lfu or session."
+    ),
+    host_eviction_policy: str = typer.Option(
+        _C.host_eviction_policy, "--host-eviction-policy", help="Host tier eviction: lru, lfu or session."
+    ),
+    scheduling_policy: str = typer.Option(
+        _S.policy, "--scheduling-policy", help="Waiting-queue order: fcfs or lpm (longest cached prefix first)."
+    ),
+    max_queue_delay: float = typer.Option(
+        _S.max_queue_delay, "--max-queue-delay", help="Seconds after which a waiting request goes first (lpm)."
+    ),
     max_batched_tokens: int = typer.Option(
         _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
     ),
@@ -54,17 +82,26 @@ def engine(
             seed=seed,
             max_model_len=max_model_len,
             num_threads=threads,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_scales_from_prompts=kv_scales_from_prompts,
+            quantization=quantization,
+            embedding_dtype=embedding_dtype,
             cache=CacheConfig(
                 block_size=block_size,
                 num_tokens=kv_cache_tokens,
                 memory_bytes=parse_memory_size(kv_cache_memory) if kv_cache_memory else None,
                 enable_prefix_caching=not no_prefix_cache,
+                eviction_policy=eviction_policy,
+                host_memory_bytes=parse_memory_size(host_cache_memory) if host_cache_memory else 0,
+                host_eviction_policy=host_eviction_policy,
             ),
             scheduler=SchedulerConfig(
                 max_batched_tokens=max_batched_tokens,
                 max_running=max_running,
                 max_waiting=max_waiting,
                 enable_chunked_prefill=not no_chunked_prefill,
+                policy=scheduling_policy,
+                max_queue_delay=max_queue_delay,
             ),
         )
         if threads is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.errors import ChatfleetError, ConfigError
 from chatfleet.models.tiny import SIZES, build_tiny_model
 from chatfleet.models.tiny_gemma4 import build_tiny_gemma4
@@ -19,6 +20,9 @@ def tiny(
     out: Path = typer.Option(..., "--out", help="Folder to write the Hugging Face model into."),
     size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    fp8: bool = typer.Option(
+        False, "--fp8", help="Write an FP8 checkpoint (e4m3 linears, block-wise [128,128] weight_scale_inv)."
+    ),
     arch: str = typer.Option("qwen3", "--arch", help="qwen3 or gemma4."),
     moe: bool = typer.Option(False, "--moe", help="gemma4: the mixture-of-experts variant."),
     multimodal: bool = typer.Option(False, "--multimodal",
@@ -28,17 +32,20 @@ def tiny(
     start = time.perf_counter()
     try:
         if arch == "gemma4":
+            if fp8:
+                raise ConfigError("--fp8 is not available for --arch gemma4")
             path = build_tiny_gemma4(out, size=size, moe=moe, multimodal=multimodal, seed=seed)
         elif arch != "qwen3":
             raise ConfigError(f"unknown --arch {arch!r}; valid: qwen3, gemma4")
         elif moe or multimodal:
             raise ConfigError("--moe and --multimodal need --arch gemma4")
         else:
-            path = build_tiny_model(out, size=size, seed=seed)
+            path = build_tiny_model(out, size=size, seed=seed, fp8=FP8WeightFormat() if fp8 else None)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"built {arch} {size} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
+    kind = " FP8" if fp8 else ""
+    typer.echo(f"built {arch} {size}{kind} model (seed {seed}) in {path} in {time.perf_counter() - start:.1f} s")
 
 
 def register(app: typer.Typer) -> None:

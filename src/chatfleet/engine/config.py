@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from chatfleet.plan.memory import MemoryBreakdown
 
 
 def parse_memory_size(value: str | int | float) -> int:
@@ -26,6 +31,10 @@ def parse_memory_size(value: str | int | float) -> int:
 
 
 KERNEL_BACKENDS = ("auto", "onednn", "torch")  # see engine/models/linear.py
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")  # auto: the model's dtype; fp8: e4m3
+QUANTIZATIONS = ("fp8",)  # --quantization: quantize a 16/32-bit checkpoint's linears at load
+EMBEDDING_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: one table, per-row scales
+DEFAULT_KV_CACHE_TOKENS = 65536  # pool size when neither tokens nor memory is given
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ class CacheConfig:
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("kv cache memory must be positive")
 
-    def plan_pools(self, spec: KVCacheSpec, default_tokens: int = 65536) -> PoolPlan:
+    def plan_pools(self, spec: KVCacheSpec, default_tokens: int = DEFAULT_KV_CACHE_TOKENS) -> PoolPlan:
         """The device pools this config buys for a model's KV spec (``kv/spec.py``)."""
         if self.memory_bytes is not None:
             return spec.plan_pools(memory_bytes=self.memory_bytes)
@@ -73,11 +82,20 @@ class CacheConfig:
 class SchedulerConfig:
     max_batched_tokens: int = 2048  # per-step token budget
     max_running: int = 256  # concurrency cap: requests in the batch
-    max_waiting: int = 1024  # bounded FCFS queue; beyond it: 503
+    max_waiting: int = 1024  # bounded waiting queue; beyond it: 503
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # --scheduling-policy (engine/scheduling_policy.py registry)
+    max_queue_delay: float = 10.0  # --max-queue-delay: a request waiting longer goes first (lpm)
+    lpm_host_weight: float = 0.5  # a host-tier hit token counts this much of a device hit (lpm)
 
     def __post_init__(self) -> None:
+        from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
+
+        SCHEDULING_POLICIES.check(self.policy)
+        if not self.max_queue_delay >= 0:
+            raise ConfigError(f"max_queue_delay must be >= 0 seconds, got {self.max_queue_delay}")
+        if not 0.0 <= self.lpm_host_weight <= 1.0:
+            raise ConfigError(f"lpm_host_weight must be in [0, 1], got {self.lpm_host_weight}")
         if self.max_batched_tokens < 1:
             raise ConfigError("max_batched_tokens must be >= 1")
         if self.max_running < 1:
@@ -96,6 +114,11 @@ class EngineConfig:
     seed: int = 0
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads; None: leave as is
+    # Precision (see plan/memory.py for what each costs):
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
+    kv_scales_from_prompts: int | None = None  # FP8 cache: measure K/V scales from the first N prompt tokens
+    quantization: str | None = None  # --quantization fp8 (None: as the checkpoint is)
+    embedding_dtype: str = "auto"  # --embedding-dtype
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -106,3 +129,31 @@ class EngineConfig:
             raise ConfigError(f"unknown kernel backend {self.kernels!r}; valid: {', '.join(KERNEL_BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"unknown KV cache dtype {self.kv_cache_dtype!r}; valid: {', '.join(KV_CACHE_DTYPES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"unknown quantization {self.quantization!r}; valid: {', '.join(QUANTIZATIONS)}")
+        if self.embedding_dtype not in EMBEDDING_DTYPES:
+            raise ConfigError(f"unknown embedding dtype {self.embedding_dtype!r}; valid: {', '.join(EMBEDDING_DTYPES)}")
+        if self.kv_scales_from_prompts is not None:
+            if self.kv_scales_from_prompts < 1:
+                raise ConfigError("kv_scales_from_prompts must be >= 1 tokens")
+            if self.resolved_kv_cache_dtype != "fp8":
+                raise ConfigError("--kv-scales-from-prompts needs --kv-cache-dtype fp8")
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """The KV cache's dtype name (``auto`` resolved to the model's dtype)."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+
+def engine_memory(config: EngineConfig, hf_config: Mapping[str, Any]) -> MemoryBreakdown:
+    """The engine's memory breakdown (plan/memory.py) with the pool its cache config buys."""
+    from dataclasses import replace
+
+    from chatfleet.plan.memory import memory_breakdown
+
+    memory = memory_breakdown(hf_config, dtype=config.dtype, quantization=config.quantization,
+                              embedding_dtype=config.embedding_dtype, kv_cache_dtype=config.kv_cache_dtype,
+                              block_size=config.cache.block_size, language_model_only=True)
+    return replace(memory, pool=config.cache.plan_pools(memory.kv_spec))

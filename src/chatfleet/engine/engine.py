@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.config import EngineConfig, engine_memory
 from chatfleet.errors import KVIntegrityError
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
@@ -22,6 +22,8 @@ from chatfleet.engine.outputs import RequestOutput, RunnerOutput, TransferStats
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+from chatfleet.plan.memory import MemoryBreakdown
+from chatfleet.plan.tensors import has_config_reader
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +43,32 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     num_finished: int  # requests that finished with stop or length
-    # host tier (zeros without one)
-    host_num_blocks: int = 0
-    host_num_cached_blocks: int = 0
-    host_cache_queries: int = 0  # tokens the device cache missed, looked up in host memory
-    host_cache_hits: int = 0  # tokens found there
-    host_promotions: int = 0  # blocks loaded host -> device
-    host_demotions: int = 0  # blocks stored device -> host
-    host_demotions_dropped: int = 0  # device evictions lost (every host block in flight)
-    host_evictions: int = 0  # host blocks reused for other contents
-    kv_bytes_loaded: int = 0
-    kv_bytes_stored: int = 0
-    kv_seconds_loading: float = 0.0
-    kv_seconds_storing: float = 0.0
+    # host tier (None without one)
+    host_num_blocks: int | None = None
+    host_num_cached_blocks: int | None = None
+    host_cache_queries: int | None = None  # tokens the device cache missed, looked up in host memory
+    host_cache_hits: int | None = None  # tokens found there
+    host_promotions: int | None = None  # blocks loaded host -> device
+    host_demotions: int | None = None  # blocks stored device -> host
+    host_demotions_skipped: int | None = None  # device evictions the host already held
+    host_demotions_dropped: int | None = None  # device evictions lost (every host block in flight)
+    host_evictions: int | None = None  # host blocks reused for other contents
+    kv_bytes_loaded: int | None = None
+    kv_bytes_stored: int | None = None
+    kv_seconds_loading: float | None = None
+    kv_seconds_storing: float | None = None
 
     @property
-    def host_cache_misses(self) -> int:
+    def host_cache_misses(self) -> int | None:
+        if self.host_cache_queries is None or self.host_cache_hits is None:
+            return None
         return self.host_cache_queries - self.host_cache_hits
+
+    @property
+    def host_usage(self) -> float | None:
+        if not self.host_num_blocks or self.host_num_cached_blocks is None:
+            return None
+        return self.host_num_cached_blocks / self.host_num_blocks
 
 
 @dataclass
@@ -88,25 +99,33 @@ class Engine:
         model_max_len = None
         self.kv_spec: KVCacheSpec | None = None  # None for an injected runner that gave none
         self.pool_plan: PoolPlan | None = None
+        self.memory: MemoryBreakdown | None = None  # weights by class, KV per token, pool (plan/memory.py)
         vocab_size = getattr(runner, "vocab_size", None)
         if runner is None:
             from chatfleet.engine.runner.torch_runner import TorchRunner
 
             loaded = self._load_model(config)
-            self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.dtype)
-            self.pool_plan = config.cache.plan_pools(self.kv_spec)
+            if has_config_reader(loaded.hf_config):
+                memory = engine_memory(config, loaded.hf_config)
+                self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
+                log.info("%s", memory.describe())
+            else:  # a model type the memory arithmetic does not know yet: the model's own spec
+                self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
+                self.pool_plan = config.cache.plan_pools(self.kv_spec)
+                log.info("%s", self.pool_plan.describe())
             if len(self.kv_spec.groups) > 1 and config.cache.memory_bytes is not None:
                 # One block table serves every layer group: equal pools, memory split by bytes/token.
                 tokens = config.cache.memory_bytes // self.kv_spec.bytes_per_token
                 self.pool_plan = self.kv_spec.plan_pools(num_tokens=max(tokens, config.cache.block_size))
-            log.info("%s", self.pool_plan.describe())
+                log.info("%s", self.pool_plan.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
             host_plan = config.cache.plan_host_pools(self.kv_spec)
             num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
             if host_plan is not None:
                 log.info("host tier: %s", host_plan.describe())
             runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
-                                 num_host_blocks=num_host_blocks)
+                                 num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
+                                 kv_scales_from_prompts=config.kv_scales_from_prompts)
             tokenizer = tokenizer or loaded.tokenizer
             model_max_len = loaded.max_model_len
             vocab_size = loaded.config.vocab_size
@@ -162,7 +181,8 @@ class Engine:
 
             torch.set_num_threads(config.num_threads)
         return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
-                          kernels=config.kernels)
+                          kernels=config.kernels, quantization=config.quantization,
+                          embedding_dtype=config.embedding_dtype)
 
     # ---- requests -----------------------------------------------------------------------------
     @property
@@ -278,6 +298,7 @@ class Engine:
             host_cache_hits=pc.host_hits,
             host_promotions=host.promotions,
             host_demotions=host.demotions,
+            host_demotions_skipped=host.demotions_skipped,
             host_demotions_dropped=host.demotions_dropped,
             host_evictions=host.evictions,
             kv_bytes_loaded=t.bytes_loaded,

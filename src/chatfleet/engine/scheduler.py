@@ -34,6 +34,9 @@ class RequestUpdate:
     stop_reason: int | None = None  # the stop token id that finished it
 
 
+MAX_SKIPS = 8  # candidates that did not fit, tried per step before admission stops
+
+
 def _arrival(r: Request) -> float:
     return r.arrival_time
 
@@ -53,7 +56,7 @@ class Scheduler:
         self.kv = kv
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids  # the request's eos_token_id counts too
-        self.waiting = make_scheduling_policy(config.policy)
+        self.waiting = make_scheduling_policy(config.policy, kv, config, clock)
         self.running: list[Request] = []  # sorted by arrival time
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
@@ -130,23 +133,31 @@ class Scheduler:
         return SchedulerOutput(chunks, preempted, finished, self.kv.take_transfers())
 
     def _admit_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> int:
-        while budget > 0 and len(self.running) < self.config.max_running:
-            request = self.waiting.peek()
-            if request is None:
+        """Admit waiting requests in the policy's order while budget and memory last. A request
+        that does not fit stops admission under a head-of-line policy, or when it is overdue;
+        otherwise the next candidate may start (at most ``MAX_SKIPS`` tries per step)."""
+        now = self.clock()
+        limit = min(self.config.max_running - len(self.running), budget)
+        skips = 0
+        for request in self.waiting.candidates(now, limit):
+            if budget <= 0 or len(self.running) >= self.config.max_running:
                 break
             prefix = self.kv.match_prefix(request)
             n = request.num_tokens - prefix.num_tokens
-            if n > budget and not self.config.enable_chunked_prefill:
-                if budget < self.config.max_batched_tokens:
-                    break  # wait for a step of its own; alone it is chunked by necessity
+            fits = True
+            if n > budget and not self.config.enable_chunked_prefill and budget < self.config.max_batched_tokens:
+                fits = False  # wait for a step of its own; alone it is chunked by necessity
             n = min(n, budget)
-            if self.kv.allocate(request, n, prefix=prefix) is None:
-                break
+            if not fits or self.kv.allocate(request, n, prefix=prefix) is None:
+                skips += 1
+                if self.waiting.head_of_line or self.waiting.is_overdue(request, now) or skips >= MAX_SKIPS:
+                    break
+                continue
             self.waiting.pop(request)
             request.num_computed_tokens = prefix.num_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = prefix.num_tokens
-                request.first_scheduled_time = self.clock()
+                request.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=_arrival)
             chunks.append(self._chunk(request, n))

@@ -20,7 +20,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.errors import ConfigError
+from chatfleet.models.fp8 import FP8_SUFFIX, to_fp8_checkpoint
 from chatfleet.models.corpus import corpus_texts
 
 CACHE_VERSION = "v1"
@@ -195,8 +197,12 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a Qwen3 model of ``size`` with weights seeded by ``seed`` into ``out_dir``."""
+def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0,
+                     fp8: FP8WeightFormat | None = None) -> Path:
+    """Write a Qwen3 model of ``size`` with weights seeded by ``seed`` into ``out_dir``.
+
+    ``fp8``: write the same weights as an FP8 checkpoint in that format (``models/fp8.py``).
+    """
     spec = get_spec(size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,8 +210,13 @@ def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int =
     vocab = tok.get_vocab_size(with_added_tokens=True)
     token_ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     tok.save(str(out / "tokenizer.json"))
-    save_file(_random_weights(spec, vocab, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", _config(spec, vocab, token_ids))
+    weights = _random_weights(spec, vocab, seed)
+    config = _config(spec, vocab, token_ids)
+    if fp8 is not None:
+        weights = to_fp8_checkpoint(weights, fp8)
+        config.update(torch_dtype="bfloat16", quantization_config=fp8.to_hf())
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", config)
     _write_json(out / "tokenizer_config.json", _tokenizer_config(token_ids, spec.max_position_embeddings))
     _write_json(
         out / "special_tokens_map.json",
@@ -228,10 +239,18 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "chatfleet"
 
 
+def builtin_names() -> list[str]:
+    """Names ``resolve_model`` builds: each size, each size as an FP8 checkpoint, and Gemma 4
+    (``tiny_gemma4``: ``{tiny,small}-gemma4[-moe][-mm]``)."""
+    return [*SIZES, *(f"{s}{FP8_SUFFIX}" for s in SIZES)]
+
+
 def _named_builder(name: str) -> Callable[[Path], Path] | None:
-    """How to build a built-in model name (Qwen3 sizes, or ``tiny_gemma4`` names), else None."""
-    if name in SIZES:
-        return lambda out: build_tiny_model(out, size=name, seed=0)
+    """How to build a built-in model name, else None."""
+    if name in builtin_names():
+        size = name.removesuffix(FP8_SUFFIX)
+        return lambda out: build_tiny_model(out, size=size, seed=0,
+                                            fp8=FP8WeightFormat() if name != size else None)
     from chatfleet.models.tiny_gemma4 import build_named, is_gemma4_name
 
     if is_gemma4_name(name):
@@ -240,8 +259,8 @@ def _named_builder(name: str) -> Callable[[Path], Path] | None:
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """A built-in name (``tiny``, ``small``, ``tiny-gemma4``, ``small-gemma4-moe``, ...): build once
-    into the cache (safe across processes); else a local folder."""
+    """A built-in name (``tiny``, ``small``, ``tiny-fp8``, ``tiny-gemma4``, ``small-gemma4-moe``, ...):
+    build once into the cache (safe across processes); else a local folder."""
     name = str(name_or_path)
     builder = _named_builder(name)
     if builder is not None:
@@ -264,7 +283,7 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise ConfigError(
             f"model {name!r} is not a local folder; use a Hugging Face model folder or one of: "
-            f"{', '.join(SIZES)}, {{tiny,small}}-gemma4[-moe][-mm]"
+            f"{', '.join(builtin_names())}, {{tiny,small}}-gemma4[-moe][-mm]"
         )
     if not (path / "config.json").is_file():
         raise ConfigError(f"model folder {str(path)!r} has no config.json")

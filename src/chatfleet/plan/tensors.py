@@ -97,6 +97,13 @@ def _reader(model_type: str) -> ConfigReader:
                           f"{', '.join(sorted(CONFIG_READERS))}") from None
 
 
+def has_config_reader(config: Mapping[str, Any]) -> bool:
+    """Whether the memory arithmetic knows this config's model type (or its text model's)."""
+    text = config.get("text_config")
+    return (config.get("model_type") in CONFIG_READERS
+            or (isinstance(text, Mapping) and text.get("model_type") in CONFIG_READERS))
+
+
 def model_shape(config: Mapping[str, Any], block_size: int = 16) -> ModelShape:
     """The tensors and KV spec of the model a config.json describes (towers included, see module doc)."""
     model_type = config.get("model_type") or ""

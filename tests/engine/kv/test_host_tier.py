@@ -61,7 +61,7 @@ def test_without_host_tier_the_returning_turn_recomputes():
     for i in range(4):
         run(engine, f"a{i}", conversation(i))
     _, cached = run(engine, "back0", conversation(0))
-    assert cached == 0 and engine.stats().host_promotions == 0
+    assert cached == 0 and engine.stats().host_promotions is None
 
 
 def test_plan_carries_stores_before_loads_and_pins_host_blocks():
@@ -81,3 +81,22 @@ def test_plan_carries_stores_before_loads_and_pins_host_blocks():
     engine.scheduler.update(plan, result)
     assert all(host.blocks[h].ref_cnt == 0 for t in loads for h in t.host_block_ids)
     engine.check_integrity()
+
+
+def test_metrics_export_host_tier_under_chatfleet_and_vllm_names():
+    from chatfleet.engine.api.metrics import ServerMetrics
+
+    engine = make_engine(16, num_host_blocks=64)
+    for i in range(4):
+        run(engine, f"a{i}", conversation(i))
+    run(engine, "back", conversation(0))
+    text = ServerMetrics("sim").render(engine.stats(), alive=True, open_requests=0).decode()
+    for name in ("chatfleet:host_cache_hits_total", "chatfleet:host_cache_misses_total",
+                 "chatfleet:host_cache_promotions_total", "chatfleet:host_cache_demotions_total",
+                 "vllm:kv_offload_load_bytes_total", "vllm:kv_offload_store_time_total",
+                 "vllm:external_prefix_cache_hits_total", "vllm:kv_offload_cpu_cache_usage_perc"):
+        assert f'{name}{{model_name="sim"}}' in text, name
+    hits = next(line for line in text.splitlines() if line.startswith("chatfleet:host_cache_hits_total"))
+    assert float(hits.split()[-1]) == engine.stats().host_cache_hits > 0
+    plain = ServerMetrics("sim").render(make_engine(16).stats(), alive=True, open_requests=0).decode()
+    assert "host_cache" not in plain and "kv_offload" not in plain

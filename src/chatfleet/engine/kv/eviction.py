@@ -116,3 +116,7 @@ class LFUEviction:
 
 def make_eviction_policy(name: str, clock: Clock = time.monotonic) -> EvictionPolicy:
     return EVICTION_POLICIES.make(name, clock=clock)
+
+
+# Registers "session" (its own module: the pause model and grouped heap).
+from chatfleet.engine.kv import session_eviction as _session_eviction  # noqa: F401

@@ -1,7 +1,8 @@
 """Paged attention over a block-structured KV cache.
 
-Each layer owns one ``KVCache``: ``key`` and ``value`` tensors of shape
-``[num_kv_heads, num_blocks, block_size, head_dim]``. A token at position ``p`` of a request
+Each layer owns one ``KVCache`` (``kv_cache.py``): ``key`` and ``value`` tensors of shape
+``[num_kv_heads, num_blocks, block_size, head_dim]``, in the model's dtype or FP8 with a K and a
+V scale (written quantized, read dequantized). A token at position ``p`` of a request
 lives in slot ``block_table[p // block_size] * block_size + p % block_size`` of every head.
 Heads come first so that gathering a batch's blocks yields ``[num_kv_heads * batch, tokens,
 head_dim]`` directly, ready for batched matmuls without another copy.
@@ -19,26 +20,12 @@ from dataclasses import dataclass, field
 import torch
 
 from chatfleet.engine.models.decode_attention import DECODE_PAD_LIMIT, DecodeGroup, build_decode_groups, decode_attention
+from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
 __all__ = ["AttentionMetadata", "ChunkSpan", "KVCache", "Workspace", "build_attention_metadata",
            "causal_attention", "paged_attention"]
-
-
-@dataclass
-class KVCache:
-    """One layer's paged cache; ``key``/``value``: [num_kv_heads, num_blocks, block_size, head_dim]."""
-
-    key: torch.Tensor
-    value: torch.Tensor
-
-    @classmethod
-    def allocate(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        shape = (num_kv_heads, num_blocks, block_size, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device))
 
 
 @dataclass
@@ -135,25 +122,34 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     """
     num_kv_heads, num_blocks, block_size, head_dim = cache.key.shape
     if write:
-        flat_k = cache.key.view(num_kv_heads, num_blocks * block_size, head_dim)
-        flat_v = cache.value.view(num_kv_heads, num_blocks * block_size, head_dim)
-        flat_k.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        flat_v.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        cache.write(meta.slot_mapping, k, v)
 
     d = meta.num_decodes
+    ks, vs = (cache.k_scale, cache.v_scale) if cache.is_fp8 else (1.0, 1.0)
     if not meta.chunks:
-        return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale)
+        return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
     out = torch.empty_like(q)
     if d:
-        out[:d] = decode_attention(q[:d], cache.key, cache.value, meta.decode_groups, meta.workspace, scale)
+        out[:d] = decode_attention(q[:d], cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
     for c in meta.chunks:
         qs = slice(c.query_start, c.query_start + c.query_len)
         if c.start_position == 0:  # nothing cached before: attend over the chunk itself
-            kc, vc = k[qs].transpose(0, 1), v[qs].transpose(0, 1)
+            kq, vq = cache.round_trip(k[qs], v[qs])
+            kc, vc = kq.transpose(0, 1), vq.transpose(0, 1)
         else:  # the whole context from the cache: [Hkv, blocks * block_size, D], first ctx rows
             ctx = c.context_len - c.key_start
-            kc = gather_blocks(cache.key, c.block_ids, meta.workspace, "ck").view(num_kv_heads, -1, head_dim)[:, :ctx]
-            vc = gather_blocks(cache.value, c.block_ids, meta.workspace, "cv").view(num_kv_heads, -1, head_dim)[:, :ctx]
+            kc = _read(cache.key, c.block_ids, meta.workspace, "ck", ks, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
+            vc = _read(cache.value, c.block_ids, meta.workspace, "cv", vs, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
         out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels, meta.sliding_window,
                                   c.key_start if c.start_position else 0)
     return out
+
+
+def _read(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None, name: str, scale: float,
+          dtype: torch.dtype) -> torch.Tensor:
+    """The blocks of one cache tensor, dequantized to ``dtype`` when the cache is FP8."""
+    raw = gather_blocks(cache, block_ids, workspace, name)
+    if raw.dtype == dtype:
+        return raw
+    out = workspace.get(name + "_dq", tuple(raw.shape), dtype, raw.device) if workspace is not None else None
+    return dequantize_fp8(raw, scale, dtype, out)

@@ -2,7 +2,7 @@
 
 Decodes of one group run as one padded gather of their keys, one batched matmul for the
 scores and, on CPU, ``embedding_bag`` weighted sums of the value rows read in place (no copy
-of V); elsewhere a gather of V and a second batched matmul. Every sequence of a group is
+of V); elsewhere (and for an FP8 cache) a gather of V and a second batched matmul. Every sequence of a group is
 padded to the group's longest context, so the runner sorts decodes by context length and
 ``group_decodes`` starts a new group where padding would cost more than ``DECODE_PAD_LIMIT``
 tokens: a batch of 500-token chats and one 8,000-token chat does not pad every chat to 8,000.
@@ -105,13 +105,25 @@ def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], 
     return groups
 
 
+def _dequantized(raw: torch.Tensor, dtype: torch.dtype, workspace: Workspace | None, name: str) -> torch.Tensor:
+    """FP8 cache rows in ``dtype``, unscaled (the caller applies the layer's scale once)."""
+    if raw.dtype == dtype:
+        return raw
+    if workspace is None:
+        return raw.to(dtype)
+    return workspace.get(name, tuple(raw.shape), dtype, raw.device).copy_(raw)
+
+
 def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
-                     workspace: Workspace | None, scale: float) -> torch.Tensor:
+                     workspace: Workspace | None, scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     num_kv_heads, _, _, head_dim = key.shape
     d, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
+    k = _dequantized(k, q.dtype, workspace, "k_dq")
+    scale = scale * k_scale  # an FP8 cache's K scale folds into the score scale
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = g.bias(num_kv_heads)
@@ -120,7 +132,7 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     else:  # low-precision inputs: softmax in float32
         scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
     probs = scores.softmax(dim=-1).to(q.dtype)  # [Hkv * d, group, span]; padding gets weight 0
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and value.dtype == q.dtype:
         # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy.
         index, offsets = g.bags(group)
         out = torch.empty(d, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
@@ -131,17 +143,23 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
                                         per_sample_weights=weights).view(d, group, head_dim)
         return out.view(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
-    out = torch.bmm(probs, v)  # [Hkv * d, group, D]
+    out = torch.bmm(probs, _dequantized(v, q.dtype, workspace, "v_dq"))  # [Hkv * d, group, D]
+    if v_scale != 1.0:  # an FP8 cache's V scale: once on the output
+        out.mul_(v_scale)
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 
 def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: list[DecodeGroup],
-                     workspace: Workspace | None, scale: float) -> torch.Tensor:
-    """q [d, Hq, D], one query per sequence, over the layer's cache key/value -> [d, Hq, D]."""
+                     workspace: Workspace | None, scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """q [d, Hq, D], one query per sequence, over the layer's cache key/value -> [d, Hq, D].
+
+    An FP8 cache (key/value in ``float8_e4m3fn``) is read as ``fp8 * k_scale`` / ``fp8 * v_scale``.
+    """
     if len(groups) == 1:
-        return _group_attention(q, key, value, groups[0], workspace, scale)
+        return _group_attention(q, key, value, groups[0], workspace, scale, k_scale, v_scale)
     out = torch.empty_like(q)
     for g in groups:
         out[g.start : g.start + g.count] = _group_attention(q[g.start : g.start + g.count], key, value, g,
-                                                            workspace, scale)
+                                                            workspace, scale, k_scale, v_scale)
     return out

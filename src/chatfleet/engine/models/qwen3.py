@@ -10,6 +10,7 @@ oneDNN and routes prefill attention through it (see ``linear.py``); the default 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
+from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
 from chatfleet.errors import ConfigError
 
@@ -141,6 +143,7 @@ class Qwen3Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
         self.kernels = "torch"
+        self.kv_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # sees k, v (KV scales)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
@@ -149,6 +152,8 @@ class Qwen3Attention(nn.Module):
         q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
         k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.kv_observer is not None:
+            self.kv_observer(k, v)
         if meta is None:
             out = causal_attention(q, k, v, self.scale, self.kernels)
         else:
@@ -187,10 +192,12 @@ class Qwen3ForCausalLM(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # A tied model has one table for input and output (lm_head is None): stored once.
+        self.embed_tokens: nn.Embedding | FP8Embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head: Linear | FP8Embedding | None = (
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary: Rotary | None = None
         self.kernels = "torch"
 
@@ -210,7 +217,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     def init_rotary(self) -> None:
         """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""
-        w = self.embed_tokens.weight
+        w = self.norm.weight  # the compute dtype (the embedding table may be FP8)
         self.rotary = Rotary(self.config.head_dim, self.config.rope_theta,
                              self.config.max_position_embeddings, w.dtype, w.device)
 
@@ -228,6 +235,9 @@ class Qwen3ForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        table = self.lm_head if self.lm_head is not None else self.embed_tokens
+        if isinstance(table, FP8Embedding):  # FP8 rows: dequantized a chunk at a time
+            return table.logits(hidden)
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
         if self.kernels == "onednn":  # tied: the embedding table, unpacked (lookups need it plain)

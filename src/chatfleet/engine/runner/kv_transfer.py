@@ -19,8 +19,17 @@ from chatfleet.engine.models.attention import KVCache
 from chatfleet.engine.outputs import KVTransfer, TransferDirection, TransferStats
 
 
+def _raw(cache: KVCache) -> KVCache:
+    """The cache's bytes as uint8 when it is FP8 (index_copy_ has no FP8 kernel); its scales are
+    per layer, so the raw bytes are all a block carries."""
+    if cache.key.dtype != torch.float8_e4m3fn:
+        return cache
+    return KVCache(cache.key.view(torch.uint8), cache.value.view(torch.uint8))
+
+
 class HostKVTransfer:
     def __init__(self, caches: list[KVCache], num_host_blocks: int) -> None:
+        caches = [_raw(c) for c in caches]
         first = caches[0].key
         self.caches = caches
         self.device = first.device

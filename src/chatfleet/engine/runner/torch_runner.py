@@ -11,6 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
+from chatfleet.engine.models.kv_cache import FP8
+from chatfleet.engine.models.kv_calibration import measure_kv_scales
+from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
@@ -32,6 +35,21 @@ def kv_bytes_per_token(model_config: Qwen3Config, dtype: str | torch.dtype) -> i
 
 
 log = logging.getLogger(__name__)
+
+
+def initial_kv_scales(loaded: LoadedModel, from_prompts: int | None) -> tuple[KVScales | None, int]:
+    """An FP8 cache's scales at start-up, and how many prompt tokens are still to measure them.
+
+    The checkpoint's scales win; else measure from ``from_prompts`` tokens; else 1.0 and one warning.
+    """
+    if loaded.kv_scales is not None:
+        log.info("%s", loaded.kv_scales.describe())
+        return loaded.kv_scales, 0
+    if from_prompts:
+        log.info("FP8 KV cache: scales will be measured from the first %d prompt tokens", from_prompts)
+        return None, from_prompts
+    log.warning(MISSING_SCALES_WARNING)
+    return KVScales.ones(loaded.config.num_layers), 0
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _malloc_tuned = False
@@ -74,7 +92,8 @@ class TorchRunner:
     """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
 
     def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
-                 device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
+                 kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.loaded = loaded_model
@@ -83,14 +102,21 @@ class TorchRunner:
         self.device = torch.device(device) if device is not None else loaded_model.device
         self._num_blocks = num_blocks
         self._block_size = block_size
+        kv_dtype = FP8 if kv_cache_dtype == "fp8" else (
+            loaded_model.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype))
+        self.kv_scales: KVScales | None = None  # FP8 cache only; None while waiting to measure them
+        self._calibrate_tokens = 0
+        if kv_dtype == FP8:
+            self.kv_scales, self._calibrate_tokens = initial_kv_scales(loaded_model, kv_scales_from_prompts)
+        scales = self.kv_scales or KVScales.ones(self.config.num_layers)
         # One cache per layer that stores KV, shaped by its layer group (KV-sharing layers: None).
         self.kv_spec = self.config.kv_cache_spec(block_size, str(loaded_model.dtype).removeprefix("torch."))
         self.kv_caches: list[KVCache | None] = [None] * max(self.kv_spec.num_model_layers, 1)
         for g in self.kv_spec.groups:
             for i in g.layer_indices:
                 self.kv_caches[i] = KVCache.allocate(num_blocks, block_size, g.num_kv_heads, g.head_dim,
-                                                     loaded_model.dtype, self.device)
-        self.host_kv = HostKVTransfer(self.kv_caches, num_host_blocks) if num_host_blocks > 0 else None
+                                                     kv_dtype, self.device, scales.k[i], scales.v[i])
+        self.host_kv = HostKVTransfer([c for c in self.kv_caches if c is not None], num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -156,6 +182,8 @@ class TorchRunner:
         chunks = scheduler_output.chunks
         for c in chunks:
             self._check_chunk(c)
+        if self._calibrate_tokens:
+            self._measure_kv_scales(chunks)
         # Decodes first, shortest context first (decode attention groups similar lengths).
         decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.context_length)
         prefills = [c for c in chunks if c.num_tokens > 1]
@@ -230,6 +258,16 @@ class TorchRunner:
         if self.kv_spec.is_uniform:
             return build(None)
         return {g.name: build(g.sliding_window) for g in self.kv_spec.groups}
+
+    def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
+        """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""
+        prompts = [c.token_ids for c in chunks if c.start_position == 0]
+        used = min(sum(map(len, prompts)), self._calibrate_tokens)
+        scales = measure_kv_scales(self.model, prompts, self._calibrate_tokens, self.device)
+        for cache, ks, vs in zip(self.kv_caches, scales.k, scales.v):
+            cache.k_scale, cache.v_scale = ks, vs
+        self.kv_scales, self._calibrate_tokens = scales, 0
+        log.info("%s (measured on %d prompt tokens, now fixed)", scales.describe(), used)
 
     def _prompt_logprobs(self, c: ScheduledChunk, logits: torch.Tensor) -> list[TokenLogprob]:
         """Scores of the chunk's tokens (the first one by the previous chunk's last position)."""

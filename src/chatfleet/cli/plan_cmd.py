@@ -1,0 +1,100 @@
+"""`chatfleet plan ...`: memory arithmetic and capacity prediction for GPUs you do not have."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from chatfleet.engine.config import parse_memory_size
+from chatfleet.errors import ChatfleetError
+
+plan_app = typer.Typer(help="Memory math and capacity prediction for GPUs you do not have.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+O_CATALOG = typer.Option(None, "--catalog", help="A YAML GPU catalog extending the packaged one (same layout).")
+
+
+def _fail(e: Exception) -> None:
+    msg = e.message if isinstance(e, ChatfleetError) else str(e)
+    err.print(f"[red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def _lengths(profile: str, lengths: str | None):
+    from chatfleet.bench.workload import get_profile
+    from chatfleet.errors import ConfigError
+    from chatfleet.plan.capacity import lengths_from_mean_p95, lengths_from_profile
+
+    if lengths is None:
+        return lengths_from_profile(get_profile(profile))
+    try:
+        kv = dict(part.split("=", 1) for part in lengths.split(","))
+        return lengths_from_mean_p95(float(kv["mean"]), float(kv["p95"]))
+    except (KeyError, ValueError):
+        raise ConfigError(f"--lengths must look like 'mean=5500,p95=9000', got {lengths!r}") from None
+
+
+@plan_app.command("memory")
+def memory_cmd(
+    model: str = typer.Option(..., "--model", help="A model folder, its config.json, or 'tiny'/'small'."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU name from the catalog (e.g. L4, H100)."),
+    weights: str = typer.Option("bf16", "--weights", help="bf16, fp16 or fp8 (an FP8 checkpoint stays FP8)."),
+    kv: str = typer.Option("bf16", "--kv", help="KV cache dtype: bf16, fp16, fp32 or fp8."),
+    memory_fraction: float | None = typer.Option(None, "--memory-fraction",
+                                                 help="Share of the GPU's memory for the replica (default 0.9)."),
+    budget: str | None = typer.Option(None, "--budget", help="Bytes for weights + KV cache (e.g. '20GiB')."),
+    reserve: str = typer.Option("1GiB", "--reserve", help="With --memory-fraction: activations and runtime overhead."),
+    host_cache: float = typer.Option(0.0, "--host-cache", help="Host-memory KV tier in GiB (0: none)."),
+    block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
+    profile: str = typer.Option("seed-roleplay", "--profile", help="Bench profile whose live-chat lengths to fit."),
+    lengths: str | None = typer.Option(None, "--lengths", help="Instead of --profile: 'mean=5500,p95=9000'."),
+    with_towers: bool = typer.Option(False, "--with-towers", help="Serve vision/audio towers too (default: text only)."),
+    catalog: Path | None = O_CATALOG,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    """Weights by tensor class, KV bytes per token per layer group, the pool, and chats that fit."""
+    from chatfleet.plan.catalog import load_catalog
+    from chatfleet.plan.memory_report import budget_for, memory_report, read_model_config
+
+    try:
+        g = load_catalog(catalog).get(gpu)
+        cfg, _ = read_model_config(model)
+        b = budget_for(g, memory_fraction, parse_memory_size(budget) if budget else None, parse_memory_size(reserve))
+        report = memory_report(cfg, g, _lengths(profile, lengths), weights=weights, kv=kv, budget_bytes=b,
+                               host_bytes=int(host_cache * 2**30), block_size=block_size,
+                               language_model_only=not with_towers)
+    except ChatfleetError as e:
+        _fail(e)
+    if as_json:
+        out.print_json(json.dumps(report.as_dict()))
+    else:
+        out.print(report.describe(), highlight=False, markup=False, soft_wrap=True)
+
+
+@plan_app.command("gpus")
+def gpus_cmd(catalog: Path | None = O_CATALOG) -> None:
+    """List the GPU catalog (spec-sheet numbers, dense tensor rates)."""
+    from rich.table import Table
+
+    from chatfleet.plan.catalog import load_catalog
+
+    try:
+        cat = load_catalog(catalog)
+    except ChatfleetError as e:
+        _fail(e)
+    t = Table(title="GPU catalog (spec sheets; dense, not sparse)")
+    for col in ("GPU", "memory GB", "HBM GB/s", "BF16 TFLOPS", "FP8 TFLOPS", "PCIe GB/s", "P2P GB/s"):
+        t.add_column(col)
+    for g in cat.gpus:
+        t.add_row(g.name, f"{g.memory_bytes / 1e9:g}", f"{g.memory_bandwidth_gbps:g}", f"{g.bf16_tflops:g}",
+                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.pcie_gbps:g}", f"{g.p2p_gbps:g}")
+    out.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `plan` command group to `app`."""
+    app.add_typer(plan_app, name="plan")

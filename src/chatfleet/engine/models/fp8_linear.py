@@ -1,0 +1,151 @@
+"""FP8 weights: quantize, dequantize, and a linear layer that keeps its weight in FP8.
+
+``FP8Weight`` is one matrix ``[out, in]`` (or a stack ``[E, out, in]`` of expert matrices) in
+e4m3 with float32 scales laid out as the checkpoint format says (``fp8_format.py``): block-wise
+``[ceil(out/bo), ceil(in/bi)]`` (edge tiles are partial), per-tensor ``[]`` or per-channel
+``[out, 1]``. ``weight ~= fp8 * scale``.
+
+``FP8Linear`` holds one ``FP8Weight`` per *part* (q/k/v of a fused projection keep their own
+scales: their row counts need not be multiples of the block) and computes ``x W^T + b`` by
+dequantizing its parts into one shared workspace in the activation dtype and calling
+``F.linear``: only one layer's weight is ever dequantized at a time. On CUDA, parts with
+per-tensor or per-channel scales and shapes divisible by 16 use ``torch._scaled_mm`` with the
+activations quantized per token; anything else, or a failure there, dequantizes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from chatfleet.engine.models.fp8_format import E4M3_MAX, FP8WeightFormat, ceil_div
+from chatfleet.engine.models.workspace import Workspace
+
+FP8 = torch.float8_e4m3fn
+log = logging.getLogger(__name__)
+_WORKSPACE = Workspace()  # dequantized weights: one layer at a time (forward passes run one by one)
+
+
+def _scale_tiles(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], op: str) -> torch.Tensor:
+    """Multiply (``op="mul"``) or divide ``w [out, in]`` in place by block scales ``s [ob, ib]``,
+    partial edge tiles included, through views (no expanded copy of the scales)."""
+    bo, bi = block
+    out_f, in_f = w.shape
+    fo, fi = out_f // bo, in_f // bi  # whole tiles
+    r, c = fo * bo, fi * bi
+    apply = torch.Tensor.mul_ if op == "mul" else torch.Tensor.div_
+    if fo and fi:
+        apply(w[:r, :c].view(fo, bo, fi, bi), s[:fo, :fi].view(fo, 1, fi, 1))
+    if c < in_f and fo:
+        apply(w[:r, c:].view(fo, bo, in_f - c), s[:fo, fi].view(fo, 1, 1))
+    if r < out_f and fi:
+        apply(w[r:, :c].view(out_f - r, fi, bi), s[fo, :fi].view(1, fi, 1))
+    if r < out_f and c < in_f:
+        apply(w[r:, c:], s[fo, fi])
+    return w
+
+
+def quantize_weight(w: torch.Tensor, fmt: FP8WeightFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [out, in]`` (any float dtype) -> (e4m3 weight, float32 scales) with scale = amax / 448."""
+    w32 = w.detach().float()
+    out_f, in_f = w32.shape
+    if fmt.granularity == "tensor":
+        scale = (w32.abs().amax() / E4M3_MAX).clamp_min(1e-12)
+        return (w32 / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8), scale.reshape(())
+    if fmt.granularity == "channel":
+        scale = (w32.abs().amax(dim=1, keepdim=True) / E4M3_MAX).clamp_min(1e-12)
+        return (w32 / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8), scale
+    bo, bi = fmt.block
+    ob, ib = ceil_div(out_f, bo), ceil_div(in_f, bi)
+    padded = torch.zeros(ob * bo, ib * bi)
+    padded[:out_f, :in_f] = w32.abs()
+    scale = (padded.view(ob, bo, ib, bi).amax(dim=(1, 3)) / E4M3_MAX).clamp_min(1e-12)
+    q = _scale_tiles(w32.clone(), scale, fmt.block, "div").clamp_(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return q, scale
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, fmt: FP8WeightFormat, dtype: torch.dtype,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """``q * scale`` as ``dtype`` (into ``out`` [out, in] when given)."""
+    w = q.to(dtype) if out is None else out.copy_(q)
+    if fmt.granularity == "tensor":
+        return w.mul_(scale.to(dtype))
+    if fmt.granularity == "channel":
+        return w.mul_(scale.to(dtype).view(-1, 1))
+    return _scale_tiles(w, scale.to(dtype), fmt.block, "mul")
+
+
+class FP8Linear(nn.Module):
+    """``y = x W^T (+ b)`` with ``W`` the row-wise concatenation of FP8 parts (see module doc).
+
+    Buffers ``weight_{i}`` (e4m3 ``[out_i, in]``) and ``scale_{i}`` (float32) per part ``i``.
+    """
+
+    def __init__(self, in_features: int, part_sizes: list[int], fmt: FP8WeightFormat, bias: bool = False,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, sum(part_sizes)
+        self.part_sizes = list(part_sizes)
+        self.fmt = fmt
+        for i, n in enumerate(part_sizes):
+            self.register_buffer(f"weight_{i}", torch.empty(n, in_features, dtype=FP8))
+            self.register_buffer(f"scale_{i}", torch.ones(fmt.scale_shape(n, in_features), dtype=torch.float32))
+        self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype)) if bias else None
+        self._scaled_mm_ok = True
+
+    def part(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, f"weight_{i}"), getattr(self, f"scale_{i}")
+
+    def set_part(self, i: int, weight: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+        """Load part ``i``: an e4m3 weight with its scale, or a float weight to quantize."""
+        target_w, target_s = self.part(i)
+        if weight.dtype != FP8:
+            weight, scale = quantize_weight(weight, self.fmt)
+        assert scale is not None
+        if tuple(weight.shape) != tuple(target_w.shape):
+            raise ValueError(f"FP8 weight has shape {tuple(weight.shape)}, expected {tuple(target_w.shape)}")
+        target_w.copy_(weight)
+        target_s.copy_(scale.reshape(target_s.shape))
+
+    def dequantized(self, dtype: torch.dtype, workspace: Workspace | None = _WORKSPACE) -> torch.Tensor:
+        """The whole weight ``[out, in]`` in ``dtype`` (in the shared workspace unless None)."""
+        shape = (self.out_features, self.in_features)
+        w = workspace.get("fp8_weight", shape, dtype, self.weight_0.device) if workspace else torch.empty(
+            shape, dtype=dtype, device=self.weight_0.device)
+        row = 0
+        for i, n in enumerate(self.part_sizes):
+            q, s = self.part(i)
+            dequantize_weight(q, s, self.fmt, dtype, w[row : row + n])
+            row += n
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self._scaled_mm_ok and self.fmt.granularity != "block":
+            try:
+                return self._scaled_mm(x)
+            except (RuntimeError, NotImplementedError) as e:  # unsupported GPU or shape: dequantize
+                log.info("torch._scaled_mm unavailable (%s); FP8 linears dequantize instead", e)
+                self._scaled_mm_ok = False
+        return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[1] % 16 or any(n % 16 for n in self.part_sizes):
+            raise RuntimeError("shapes not divisible by 16")
+        sx = (x2.abs().amax(dim=1, keepdim=True).float() / E4M3_MAX).clamp_min(1e-12)  # per token
+        xq = (x2.float() / sx).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8)
+        outs = []
+        for i, n in enumerate(self.part_sizes):
+            q, s = self.part(i)
+            sw = s.reshape(1, n) if self.fmt.granularity == "channel" else s.reshape(1, 1).expand(1, n).contiguous()
+            outs.append(torch._scaled_mm(xq, q.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype))
+        y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, parts={self.part_sizes}, {self.fmt.describe()}"
