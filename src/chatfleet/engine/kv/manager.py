@@ -110,6 +110,18 @@ class KVManager:
         request that has no KV yet; host hits are loaded into the first new blocks). None when
         the pool cannot supply the blocks now."""
         state = self._requests.get(request.request_id)
+        if prefix is None and state is not None:  # the hot path: a running request grows
+            total = request.num_computed_tokens + num_new_tokens
+            num_needed = -(-total // self.block_size) - len(state.blocks)
+            if num_needed <= 0:
+                return KVBlocks([])
+            if num_needed > self.pool.num_free_blocks:
+                return None
+            new_blocks = self.pool.allocate(num_needed, request.session_id)
+            state.blocks.extend(new_blocks)
+            added_ids = [b.block_id for b in new_blocks]
+            state.block_ids.extend(added_ids)
+            return KVBlocks(added_ids)
         hit_blocks = prefix.blocks if prefix is not None else []
         host_blocks = prefix.host_blocks if prefix is not None else []
         if (hit_blocks or host_blocks) and (state is not None or request.num_computed_tokens):
@@ -117,7 +129,7 @@ class KVManager:
         num_held = len(state.blocks) if state is not None else 0
         num_hit = len(hit_blocks)
         total = request.num_computed_tokens + (num_hit + len(host_blocks)) * self.block_size + num_new_tokens
-        num_needed = max(-(-total // self.block_size) - num_held - num_hit, len(host_blocks))
+        num_needed = max(-(-total // self.block_size) - num_held - num_hit, 0)
         num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return None
