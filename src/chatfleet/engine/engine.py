@@ -55,6 +55,11 @@ class Engine:
                 self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
                 self.pool_plan = config.cache.plan_pools(self.kv_spec)
                 log.info("%s", self.pool_plan.describe())
+            if len(self.kv_spec.groups) > 1 and config.cache.memory_bytes is not None:
+                # One block table serves every layer group: equal pools, memory split by bytes/token.
+                tokens = config.cache.memory_bytes // self.kv_spec.bytes_per_token
+                self.pool_plan = self.kv_spec.plan_pools(num_tokens=max(tokens, config.cache.block_size))
+                log.info("%s", self.pool_plan.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
             host_plan = config.cache.plan_host_pools(self.kv_spec)
             num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
