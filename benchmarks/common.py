@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from chatfleet.loopback import free_port  # noqa: F401  (the scripts here import it from common)
+from chatfleet.protocol.sse import aiter_sse
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
@@ -161,13 +162,10 @@ async def stream_chat(
                 text = (await resp.aread()).decode(errors="replace")
                 return StreamResult(False, None, time.perf_counter() - t0, 0, None, None,
                                     f"HTTP {resp.status_code}: {text[:300]}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for sse in aiter_sse(resp.aiter_bytes()):
+                if sse.is_done:
                     break
-                event = json.loads(data)
+                event = sse.json()
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or []:

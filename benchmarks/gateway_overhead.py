@@ -1,6 +1,6 @@
 """What the gateway adds: TTFT and per-chunk latency, direct to a replica vs through the gateway.
 
-One run, side by side: a fast fake replica (``chatfleet.gateway.fake_replica``, stamping each
+One run, side by side: a fast fake replica (``chatfleet.testing.fake_server``, stamping each
 chunk with its send time) and a ``chatfleet gateway`` in front of it, each in its own process.
 At each concurrency level, closed-loop streams hit the replica directly and then through the
 gateway, alternating ``--reps`` times, so both see the same machine. A lean raw-HTTP client
@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 
 from chatfleet.loopback import free_port
+from chatfleet.protocol.sse import DataSplitter
 
 HERE = Path(__file__).resolve().parent
 # `chatfleet gateway --replica URL --port N --queue-size 10000`, without the other CLI groups
@@ -89,26 +90,24 @@ class Conn:
             await reader.readexactly(length)
             sample.error(f"http_{status}")
             return
-        buf, first, done = b"", True, False
+        sse, first, done = DataSplitter(), True, False
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:
                 await reader.readuntil(b"\r\n")
                 break
             data = (await reader.readexactly(size + 2))[:-2]
-            now, now_pc = time.time(), time.perf_counter()
-            buf += data
-            *events, buf = buf.split(b"\n\n")
-            for ev in events:
-                at = ev.find(b'"sent_at":')
+            now_ns, now_pc = time.perf_counter_ns(), time.perf_counter()
+            for ev in sse.feed(data):
+                at = ev.find(b'"x_sent_ns":')
                 if at >= 0:
-                    sample.chunk.append(now - float(ev[at + 10:ev.index(b"}", at)]))
+                    sample.chunk.append((now_ns - int(ev[at + 12:ev.index(b"}", at)])) * 1e-9)
                     if first:
                         sample.ttft.append(now_pc - t0)
                         first = False
                         if on_first is not None:
                             on_first()
-                elif ev == b"data: [DONE]":
+                elif ev == b"[DONE]":
                     done = True
                 elif b'"error"' in ev:
                     sample.error("error_event")
@@ -261,8 +260,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     log = open(args.out.with_suffix(".gateway.log"), "w")  # the gateway's JSON request log
     procs = [
-        subprocess.Popen([sys.executable, "-m", "chatfleet.gateway.fake_replica", "--port", str(replica_port),
-                          "--tokens", str(args.tokens), "--interval", str(args.interval), "--stamp"], env=env),
+        subprocess.Popen([sys.executable, "-m", "chatfleet.testing.fake_server", "--port", str(replica_port),
+                          "--tokens", str(args.tokens), "--ttft-ms", "0", "--itl-ms", str(args.interval * 1e3)],
+                         env=env, stdout=subprocess.DEVNULL),
         subprocess.Popen([sys.executable, "-c", GATEWAY.format(replica_url=replica_url, port=gateway_port)],
                          env=env, stdout=log, stderr=log),
     ]

@@ -43,7 +43,7 @@ def schedstat(pid: int | str = "self") -> tuple[int, int]:
 
 def start_server(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
     raise_fd_limit(8192)
-    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.bench.testserver", "--port", "0", "--uvloop",
+    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.testing.fake_server", "--port", "0",
                              "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"

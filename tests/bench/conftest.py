@@ -1,4 +1,4 @@
-"""Fixtures: the scripted OpenAI test server in its own process (so its timers and the
+"""Fixtures: the fake OpenAI server in its own process (so its timers and the
 client's do not share one event loop)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 @contextlib.contextmanager
 def scripted_server(*args: str):
-    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.bench.testserver", "--port", "0", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.testing.fake_server", "--port", "0", *args],
                             stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -9,12 +9,12 @@ import pytest
 
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.dists import make
-from chatfleet.bench.engines import EngineProcess
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.tokens import load_counter
 from chatfleet.bench.workload import Workload, get_profile
+from chatfleet.testing.engines import launch_engine
 
 # Longer replies than cpu-roleplay so that a request queued behind a full pool waits visibly.
 PROFILE = get_profile("cpu-roleplay").with_overrides(reply_tokens=make("uniform", low=30, high=40))
@@ -27,7 +27,7 @@ ENGINES = {
 
 @pytest.fixture(scope="module")
 def engines():
-    procs = {name: EngineProcess("tiny", args, threads=1) for name, args in ENGINES.items()}
+    procs = {name: launch_engine("tiny", args, threads=1) for name, args in ENGINES.items()}
     try:
         with ThreadPoolExecutor(len(procs)) as ex:
             list(ex.map(lambda p: p.start(), procs.values()))

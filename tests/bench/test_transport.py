@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from chatfleet.bench.client import _SSE
+from chatfleet.protocol.sse import DataSplitter
 from chatfleet.bench.transport import Endpoint, ProtocolError, _ChunkedDecoder
 from chatfleet.errors import ConfigError
 
@@ -21,7 +21,7 @@ def test_any_split_of_the_wire_gives_the_same_events(crlf):
     wire = chunked([b"data: " + e + sep for e in events])
     rng = random.Random(0)
     for _ in range(50):
-        dec, sse, got = _ChunkedDecoder(), _SSE(), []
+        dec, sse, got = _ChunkedDecoder(), DataSplitter(), []
         i = 0
         while i < len(wire):
             n = rng.randint(1, 40)

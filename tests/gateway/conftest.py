@@ -11,13 +11,13 @@ import pytest
 from chatfleet.gateway.app import create_app
 from chatfleet.gateway.service import Gateway
 from chatfleet.gateway.config import GatewayConfig
-from chatfleet.gateway.fake_replica import FakeBehavior, FakeReplica
+from chatfleet.testing.fake_server import FakeBehavior, FakeServer
 from chatfleet.loopback import ServerThread
 
 
 @dataclass
 class Fake:
-    replica: FakeReplica
+    replica: FakeServer
     server: ServerThread
 
     @property
@@ -51,7 +51,7 @@ def fakes():
     def make(n: int = 2, **behavior) -> list[Fake]:
         out = []
         for _ in range(n):
-            replica = FakeReplica(FakeBehavior(**behavior))
+            replica = FakeServer(FakeBehavior(**behavior))
             fake = Fake(replica, ServerThread(replica).start())
             made.append(fake)
             out.append(fake)

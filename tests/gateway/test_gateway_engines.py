@@ -13,7 +13,7 @@ import openai
 import pytest
 from gateway_helpers import wait_for
 
-from chatfleet.gateway.fleet import Fleet, FleetConfig
+from chatfleet.testing.engines import Fleet, FleetConfig
 
 CARD = ("You are Captain Mira Vance of the starship Meridian. You speak in short, vivid sentences, "
         "you love old star charts, and you never reveal the ship's secret cargo. ") * 3

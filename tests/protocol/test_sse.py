@@ -1,10 +1,13 @@
 import asyncio
+import random
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatfleet.protocol.openai import ChatCompletionChunk, ChatCompletionChunkChoice, DeltaMessage
-from chatfleet.protocol.sse import DONE, SSEParser, aiter_sse, encode_event, iter_sse
+from chatfleet.protocol.sse import DONE, DataSplitter, EventFramer, SSEParser, aiter_sse, encode_event, iter_sse
 
 
 def test_encode_model_and_done():
@@ -65,3 +68,35 @@ def test_parser_feed_returns_only_complete_events():
     p = SSEParser()
     assert p.feed(b"data: partial") == []
     assert [e.data for e in p.feed(b"\n\n")] == ["partial"]
+
+
+def _random_splits(wire: bytes, seed: int) -> list[bytes]:
+    rng, out, i = random.Random(seed), [], 0
+    while i < len(wire):
+        n = rng.randint(1, 23)
+        out.append(wire[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"])
+def test_fast_data_splitter_agrees_with_the_parser(sep):
+    events = [encode_event({"i": i, "text": "é" * (i % 5)}).replace(b"\n\n", sep) for i in range(30)]
+    wire = b": keep-alive" + sep + b"".join(events) + b"data: line1\ndata: line2" + sep + DONE
+    expected = [e.data.encode() for e in iter_sse([wire])]
+    assert len(expected) == 32 and expected[-1] == b"[DONE]" and expected[-2] == b"line1\nline2"
+    for seed in range(20):
+        splitter = DataSplitter()
+        got = [p for piece in _random_splits(wire, seed) for p in splitter.feed(piece)]
+        assert got == expected
+
+
+def test_event_framer_passes_only_whole_events():
+    wire = b"".join(encode_event({"i": i}) for i in range(20)) + DONE
+    for seed in range(20):
+        framer, out = EventFramer(), []
+        for piece in _random_splits(wire, seed):
+            passed = framer.push(piece)
+            assert passed == b"" or passed.endswith(b"\n\n")
+            out.append(passed)
+        assert framer.tail == b"" and b"".join(out) == wire

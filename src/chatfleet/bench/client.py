@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.transport import Session
+from chatfleet.protocol.sse import DataSplitter
+
+SESSION_HEADER = "X-Session-ID"  # one id per conversation, as the gateway forwards it
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class ClientConfig:
     force_length: bool = True  # min_tokens = max_tokens
     continuous_usage: bool = False  # ask for per-chunk usage (vLLM) to count tokens per chunk
     extra_body: dict = field(default_factory=dict)
+    send_session_id: bool = True  # X-Session-ID per conversation (session-aware engines and gateways)
     on_chunk: Callable[[int, dict], None] | None = None  # (arrival ns, event) probe for timing checks
 
 
@@ -33,29 +37,6 @@ class ClientConfig:
 class ChatResult:
     record: RequestRecord
     text: str  # the reply, for the next turn's history
-
-
-class _SSE:
-    """Incremental ``data:`` event splitter over raw body bytes."""
-
-    def __init__(self) -> None:
-        self.buf = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self.buf + data
-        if b"\r" in buf:  # CRLF framing; a CR split from its LF waits in the tail
-            buf = buf.replace(b"\r\n", b"\n")
-        events = buf.split(b"\n\n")
-        self.buf = events.pop()  # the unfinished tail
-        out = []
-        for event in events:
-            if event.startswith(b"data:") and b"\n" not in event:
-                out.append(event[5:].strip())
-                continue
-            lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                out.append(b"\n".join(lines))
-        return out
 
 
 def build_payload(cfg: ClientConfig, messages: list[dict], max_tokens: int) -> dict:
@@ -87,7 +68,8 @@ async def send_chat(session: Session, cfg: ClientConfig, rec: RequestRecord, mes
             sent_ns = time.perf_counter_ns()
             rec.sent_s = (sent_ns - t0_ns) * sec
             rec.queue_s = max(0, sent_ns - intended_ns) * sec
-            resp = await session.post("/v1/chat/completions", body, {})
+            headers = {SESSION_HEADER: rec.session_id} if cfg.send_session_id and rec.session_id else {}
+            resp = await session.post("/v1/chat/completions", body, headers)
             rec.http_status = resp.status
             if resp.status != 200:
                 raw = b"".join([c async for _, c in resp.chunks])
@@ -107,7 +89,7 @@ async def send_chat(session: Session, cfg: ClientConfig, rec: RequestRecord, mes
 
 
 async def _consume(chunks, rec: RequestRecord, pieces: list[str], t0_ns: int, intended_ns: int, probe) -> None:
-    sse = _SSE()
+    sse = DataSplitter()
     sec = 1e-9
     first_ns = last_ns = None
     counted = 0

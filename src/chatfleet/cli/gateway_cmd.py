@@ -99,7 +99,7 @@ def serve(
 ) -> None:
     """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
     from chatfleet.gateway.app import run_gateway
-    from chatfleet.gateway.fleet import Fleet, FleetConfig
+    from chatfleet.testing.engines import Fleet, FleetConfig
 
     try:
         prof = load_profile(profile) if profile else Profile()

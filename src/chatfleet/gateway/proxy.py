@@ -23,7 +23,7 @@ from chatfleet.gateway.admission import Outcome, Priority
 from chatfleet.gateway.routing import Affinity, RoutingDecision
 from chatfleet.gateway.session import SessionKey
 from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
-from chatfleet.protocol.sse import DONE
+from chatfleet.protocol.sse import DONE, EventFramer
 
 if TYPE_CHECKING:
     from chatfleet.gateway.service import Gateway
@@ -62,21 +62,6 @@ class _Started:
     chunks: Any  # the rest of the raw body
     first: bytes
     whole: bool  # ``first`` is the whole body
-
-
-class SseFramer:
-    """Forwards bytes up to the last complete SSE event; keeps a partial event back."""
-
-    def __init__(self) -> None:
-        self.tail = b""
-
-    def push(self, chunk: bytes) -> bytes:
-        if not self.tail and chunk.endswith(b"\n\n"):
-            return chunk
-        data = self.tail + chunk
-        cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
-        self.tail = data[cut:]
-        return data[:cut]
 
 
 def _describe(exc: BaseException) -> str:
@@ -224,7 +209,7 @@ class ProxyResponse:
                 self.outcome = "ok" if self.outcome == "started" else self.outcome
                 return
             await send({"type": "http.response.start", "status": self.status, "headers": headers})
-            framer = SseFramer()
+            framer = EventFramer()
             error = ""
             try:
                 out = framer.push(started.first)

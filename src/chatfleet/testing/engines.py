@@ -1,8 +1,12 @@
-"""A local fleet for `chatfleet serve`: N `chatfleet engine` processes on one machine.
+"""The one engine launcher: N `chatfleet engine` processes on one machine.
 
-Each engine gets its own port and an equal share of the CPU cores as torch threads; the fleet
-waits for every ``/health`` before the gateway starts, and stops them all (SIGTERM, then SIGKILL
-after a grace period) however the gateway ends. On Linux the engines also die with the parent.
+Used by `chatfleet serve` (a local fleet behind the gateway), `chatfleet demo`, the gate and the
+tests. Each engine gets its own port and an equal share of the CPU cores as torch threads; the
+launcher waits for every ``/health`` before returning, and stops them all (SIGTERM, then SIGKILL
+after a grace period) however the caller ends. On Linux, engines started from the main thread
+also die with the parent process (the kernel ties that signal to the starting thread, so engines
+started from a worker thread would die with the thread instead: they do not get it).
+With ``log_dir`` set, each engine's output goes to a file whose tail is quoted when it fails.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
@@ -33,6 +39,8 @@ class FleetConfig:
     stop_timeout_s: float = 15.0
     engine_args: tuple[str, ...] = ()  # extra `chatfleet engine` flags
     extra_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None  # None: engines write to this process's stdout/stderr
+    log_name: str = "engine"  # log file LOG_DIR/NAME.log (one engine) or NAME-I.log
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -53,6 +61,12 @@ class FleetConfig:
             return self.threads_per_replica
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return max(1, cores // max(1, self.replicas))
+
+    def log_path(self, index: int) -> Path | None:
+        if self.log_dir is None:
+            return None
+        name = self.log_name if self.replicas == 1 else f"{self.log_name}-{index}"
+        return Path(self.log_dir) / f"{name}.log"
 
     @staticmethod
     def engine_flags(section: dict[str, Any]) -> tuple[str, ...]:
@@ -81,10 +95,19 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
 
 
 class Fleet:
+    """Start with ``start()`` (returns the URLs) or as a context manager; ``url`` is the first."""
+
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []
+        self.logs: list[Path | None] = []
+
+    @property
+    def url(self) -> str:
+        if not self.urls:
+            raise FleetError("no engine has been started")
+        return self.urls[0]
 
     def command(self, port: int) -> list[str]:
         cfg = self.config
@@ -100,35 +123,54 @@ class Fleet:
 
             resolve_model(cfg.model)
         threads = str(cfg.threads())
+        with_parent = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
         try:
             for i in range(cfg.replicas):
                 port = cfg.base_port + i if cfg.base_port is not None else free_port(cfg.host)
-                proc = subprocess.Popen(
-                    self.command(port), env=env, start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-                )
+                log = cfg.log_path(i)
+                out: IO[bytes] | None = None
+                if log is not None:
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    out = open(log, "wb")
+                try:
+                    proc = subprocess.Popen(
+                        self.command(port), env=env, start_new_session=True, stdout=out,
+                        stderr=subprocess.STDOUT if out else None,
+                        preexec_fn=_die_with_parent if with_parent else None,
+                    )
+                finally:
+                    if out is not None:
+                        out.close()  # the child holds its own descriptor
                 self.processes.append(proc)
                 self.urls.append(f"http://{cfg.host}:{port}")
+                self.logs.append(log)
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return list(self.urls)
 
+    def _failure(self, index: int, what: str) -> FleetError:
+        log = self.logs[index]
+        tail = ""
+        if log is not None and log.is_file():
+            tail = ": " + log.read_text(errors="replace")[-2000:]
+        return FleetError(f"engine {self.urls[index]} {what}{tail}")
+
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
-        pending = dict(zip(self.urls, self.processes))
+        pending = dict(enumerate(self.processes))
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             while pending:
-                for url, proc in list(pending.items()):
+                for i, proc in list(pending.items()):
                     if proc.poll() is not None:
-                        raise FleetError(f"engine {url} exited with code {proc.returncode} while starting")
+                        raise self._failure(i, f"exited with code {proc.returncode} while starting")
                     with contextlib.suppress(httpx.HTTPError):
-                        if client.get(url + "/health").status_code == 200:
-                            del pending[url]
+                        if client.get(self.urls[i] + "/health").status_code == 200:
+                            del pending[i]
                 if pending and time.monotonic() > deadline:
-                    raise FleetError(f"engines {sorted(pending)} not healthy after "
+                    raise FleetError(f"engines {sorted(self.urls[i] for i in pending)} not healthy after "
                                      f"{self.config.startup_timeout_s:g} s")
                 if pending:
                     time.sleep(0.25)
@@ -154,3 +196,11 @@ class Fleet:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def launch_engine(model: str, args: list[str] | tuple[str, ...] = (), *, threads: int = 1,
+                  log_dir: Path | None = None, log_name: str = "engine",
+                  startup_timeout_s: float = 180.0) -> Fleet:
+    """One engine (not started yet): ``with launch_engine("tiny", ["--dtype", "float32"]) as e: e.url``."""
+    return Fleet(FleetConfig(replicas=1, model=model, threads_per_replica=threads, engine_args=tuple(args),
+                             log_dir=log_dir, log_name=log_name, startup_timeout_s=startup_timeout_s))
