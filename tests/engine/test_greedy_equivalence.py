@@ -154,3 +154,13 @@ def test_engine_built_from_config_loads_sizes_and_matches(loaded, prompts, alone
     assert engine.kv.num_blocks == 40 and engine.max_model_len == 40 * BS  # capped by the pool
     assert engine.model_name == "tiny" and engine.vocab_size == loaded.config.vocab_size
     assert run(engine, {"r1": prompts[1]}) == {"r1": alone["r1"]}
+
+
+def test_host_cache_memory_sizes_the_host_pool_from_the_kv_spec(loaded, prompts, alone):
+    from chatfleet.engine.runner.torch_runner import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(loaded.config, "float32")
+    cache = CacheConfig(block_size=BS, num_tokens=40 * BS, host_memory_bytes=per_token * BS * 24)
+    engine = Engine(EngineConfig(model="tiny", num_threads=1, cache=cache))
+    assert engine.kv.host_pool.num_blocks == 24 and engine.runner.num_host_blocks == 24
+    assert run(engine, {"r2": prompts[2]}) == {"r2": alone["r2"]}

@@ -97,4 +97,47 @@ def gpus_cmd(catalog: Path | None = O_CATALOG) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the `plan` command group to `app`."""
+    from chatfleet.cli import plan_sim_cmd  # noqa: F401  (registers `plan sweep` and `plan fleet`)
+
     app.add_typer(plan_app, name="plan")
+
+
+@plan_app.command("prefixes")
+def prefixes_cmd(
+    requests: Path = typer.Argument(..., help="OpenAI chat requests, one JSON object a line."),
+    model: str | None = typer.Option(None, "--model", help="Tokenize with this model's tokenizer and chat template"
+                                     " (a folder, 'tiny' or 'small'; default: bytes with a ChatML template)."),
+    block_size: int = typer.Option(16, "--block-size", help="KV block size of the engine."),
+) -> None:
+    """Shared prefix length, where requests diverge (and why), and the cache hit rate as sent vs fixed."""
+    from chatfleet.plan.prefix_hits import engine_hit_rate
+    from chatfleet.plan.prefixes import analyze, read_requests, render, shared_prefix
+
+    try:
+        if model is None:
+            from chatfleet.engine.runner.sim_runner import make_byte_tokenizer
+
+            tok = make_byte_tokenizer()
+        else:
+            from chatfleet.engine.tokenizer import ChatTokenizer
+            from chatfleet.models.tiny import resolve_model
+
+            tok = ChatTokenizer.from_pretrained(resolve_model(model))
+        reqs = read_requests(requests)
+        found, fixed = analyze(reqs)
+        sent = [render(tok, r) for r in reqs]
+        repaired = [render(tok, r) for r in fixed]
+        before, after = engine_hit_rate(sent, block_size), engine_hit_rate(repaired, block_size)
+    except ChatfleetError as e:
+        _fail(e)
+    out.print(f"{len(reqs)} requests, {sum(map(len, sent)):,} prompt tokens", highlight=False, soft_wrap=True)
+    out.print(f"shared prefix: {shared_prefix(sent):,} tokens as sent, {shared_prefix(repaired):,} with the"
+              f" divergences fixed", highlight=False, soft_wrap=True)
+    if not found:
+        out.print("no divergence found among requests that should share a prefix", highlight=False, soft_wrap=True)
+    for d in found:
+        out.print(f"  {d.kind}: {d.description} ({d.requests} requests), e.g. {d.example!r}", highlight=False, soft_wrap=True,
+                  markup=False)
+    out.print(f"engine prefix-cache hit rate: {before.rate:.1%} as sent, {after.rate:.1%} fixed"
+              f" ({before.cached_tokens:,} -> {after.cached_tokens:,} of {before.prompt_tokens:,} tokens)",
+              highlight=False, soft_wrap=True)

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions`` and ``/v1/completions`` (validated here, then proxied),
 ``GET /v1/models`` (models of the healthy replicas), ``GET /health`` (200 while some replica is
-healthy), ``GET /metrics`` (Prometheus) and ``GET /gateway/status`` (replica states as JSON).
+healthy), ``GET /metrics`` (Prometheus), ``GET /gateway/status`` (replica states as JSON) and
+``GET /openapi.json`` (see ``openapi.py``).
 The gateway's state and request handling live in ``service.py``.
 """
 
@@ -18,6 +19,7 @@ from chatfleet.errors import NoHealthyReplicaError
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.jsonlog import configure_json_logging
 from chatfleet.gateway.metrics import CONTENT_TYPE
+from chatfleet.gateway.openapi import gateway_openapi
 from chatfleet.gateway.service import ENDPOINTS, Gateway
 from chatfleet.protocol.errors import install_exception_handlers
 
@@ -35,8 +37,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="chatfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="chatfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.openapi = lambda: app.openapi_schema or _set_schema(app)
     app.state.gateway = gateway
     install_exception_handlers(app)
 
@@ -66,6 +68,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.router.add_route("/metrics", metrics, methods=["GET"])
     app.router.add_route("/gateway/status", status, methods=["GET"])
     return app
+
+
+def _set_schema(app: FastAPI) -> dict:
+    app.openapi_schema = gateway_openapi(app.title, app.version)
+    return app.openapi_schema
 
 
 def run_gateway(config: GatewayConfig) -> None:

@@ -321,6 +321,7 @@ class ModelCard(_Out):
     owned_by: str = "chatfleet"
     root: str | None = None
     max_model_len: int | None = None
+    kv_cache_tokens: int | None = None  # tokens of context the engine's KV pool holds
 
 
 class ModelList(_Out):

@@ -27,7 +27,7 @@ def make_engine(num_blocks, num_host_blocks=0, **cache):
 
 def run(engine, rid, prompt, session=None):
     engine.add_request(rid, prompt, PARAMS, session_id=session)
-    out, cached, plans = [], None, []
+    out, cached = [], None
     while engine.has_unfinished_requests():
         for o in engine.step():
             out += o.new_token_ids
@@ -100,3 +100,15 @@ def test_metrics_export_host_tier_under_chatfleet_and_vllm_names():
     assert float(hits.split()[-1]) == engine.stats().host_cache_hits > 0
     plain = ServerMetrics("sim").render(make_engine(16).stats(), alive=True, open_requests=0).decode()
     assert "host_cache" not in plain and "kv_offload" not in plain
+
+
+def test_reset_prefix_cache_empties_both_tiers():
+    engine = make_engine(16, num_host_blocks=64)
+    for i in range(4):
+        run(engine, f"a{i}", conversation(i))
+    assert engine.kv.host_pool.num_cached_blocks > 0
+    assert engine.reset_prefix_cache() is True
+    assert engine.kv.host_pool.num_cached_blocks == 0 and engine.kv.pool.num_cached_blocks == 0
+    _, cached = run(engine, "back0", conversation(0))
+    assert cached == 0
+    engine.check_integrity()

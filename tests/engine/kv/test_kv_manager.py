@@ -174,3 +174,21 @@ def test_free_unknown_request_is_noop():
     kv.check_integrity()
     with pytest.raises(Exception):
         kv.pool.free([kv.pool.blocks[0]])
+
+
+def test_a_waiting_request_is_hashed_once_not_every_step(monkeypatch):
+    from chatfleet.engine.kv import block
+
+    calls = []
+    real = block.hash_block
+    monkeypatch.setattr(block, "hash_block", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kv = KVManager(16, BS)
+    r = _req("a", range(41))
+    for _ in range(5):  # a request waiting for memory is matched every step
+        kv.match_prefix(r)
+    assert len(calls) == 10  # its 10 full blocks, once
+    _compute(kv, r, 41, kv.match_prefix(r))
+    r.output_token_ids += [7, 8, 9, 10]
+    _compute(kv, r, 4)  # 45 tokens computed: an 11th full block
+    kv.match_prefix(r)
+    assert len(calls) == 11  # one more block, hashed once

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.api.memory_metrics import MemoryCollector
 from chatfleet.engine.api.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
@@ -115,6 +116,8 @@ class ServerState:
         self.model_name = engine.model_name
         self.names = {engine.model_name, *model_aliases}
         self.metrics = ServerMetrics(engine.model_name)
+        if engine.memory is not None:  # the start-up memory breakdown, as gauges
+            self.metrics.registry.register(MemoryCollector(engine.model_name, engine.memory))
         engine.on_first_scheduled = self.metrics.queue_time.observe
         self.open_requests = 0
 
@@ -221,7 +224,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len)
+        card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len,
+                         kv_cache_tokens=engine.kv_cache_tokens)
         return ModelList(data=[card]).model_dump()
 
     @app.get("/health")

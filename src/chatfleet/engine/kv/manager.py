@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
 from chatfleet.engine.kv.block_pool import BlockPool, Eviction
 from chatfleet.engine.kv.host_tier import HostTier
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.engine.kv.prefix_cache import NO_MATCH, MatchResult, PrefixCache
 from chatfleet.engine.outputs import KVTransfer
 from chatfleet.engine.request import Request
@@ -63,10 +64,12 @@ class KVManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.clock = clock
-        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict)
+        self.pauses = SessionPauses()  # shared by both pools' eviction policies
+        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict,
+                              pauses=self.pauses)
         self.host: HostTier | None = None
         if num_host_blocks > 0 and enable_prefix_caching:
-            self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock))
+            self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock, pauses=self.pauses))
         self.prefix_cache = PrefixCache(
             self.pool, block_size, enabled=enable_prefix_caching,
             host_pool=self.host.pool if self.host is not None else None,
@@ -110,6 +113,18 @@ class KVManager:
         request that has no KV yet; host hits are loaded into the first new blocks). None when
         the pool cannot supply the blocks now."""
         state = self._requests.get(request.request_id)
+        if prefix is None and state is not None:  # the hot path: a running request grows
+            total = request.num_computed_tokens + num_new_tokens
+            num_needed = -(-total // self.block_size) - len(state.blocks)
+            if num_needed <= 0:
+                return KVBlocks([])
+            if num_needed > self.pool.num_free_blocks:
+                return None
+            new_blocks = self.pool.allocate(num_needed, request.session_id)
+            state.blocks.extend(new_blocks)
+            added_ids = [b.block_id for b in new_blocks]
+            state.block_ids.extend(added_ids)
+            return KVBlocks(added_ids)
         hit_blocks = prefix.blocks if prefix is not None else []
         host_blocks = prefix.host_blocks if prefix is not None else []
         if (hit_blocks or host_blocks) and (state is not None or request.num_computed_tokens):
@@ -117,7 +132,7 @@ class KVManager:
         num_held = len(state.blocks) if state is not None else 0
         num_hit = len(hit_blocks)
         total = request.num_computed_tokens + (num_hit + len(host_blocks)) * self.block_size + num_new_tokens
-        num_needed = max(-(-total // self.block_size) - num_held - num_hit, len(host_blocks))
+        num_needed = max(-(-total // self.block_size) - num_held - num_hit, 0)
         num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return None
@@ -127,10 +142,7 @@ class KVManager:
         if state is None:
             state = self._requests[request.request_id] = _RequestKV()
             if session is not None and request.num_preemptions == 0:
-                now = self.clock()
-                self.pool.note_turn(session, now)
-                if self.host is not None:
-                    self.host.pool.note_turn(session, now)
+                self.pauses.note_turn(session, self.clock())
         if prefix is not None and self.uses_prefix_cache(request):
             self.prefix_cache.record(request.num_tokens, num_hit * self.block_size,
                                      len(host_blocks) * self.block_size)

@@ -6,6 +6,10 @@ contents or a block reused while still in use therefore changes the output, so g
 equivalence tests catch KV bugs without torch. Reading a slot that holds the wrong position
 raises at once. A host tier is a second slot array: KV transfers copy whole blocks between the
 two (stores before loads), so a wrong transfer shows in the contents as well. An optional cost model advances a virtual clock (for capacity planning).
+
+``check_contents=False`` is the planner's fast mode: no slot arrays, no context read-back; a
+sampled token is a hash of (request id, position), so outputs stay deterministic and the plans
+(what the scheduler decides) are the same as with the checks on when lengths are forced.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class SimRunner:
         max_model_len: int = 16384,
         cost_model: Callable[[SchedulerOutput], float] | None = None,
         num_host_blocks: int = 0,
+        check_contents: bool = True,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -52,16 +57,23 @@ class SimRunner:
         self.cost_model = cost_model
         self.virtual_time = 0.0  # seconds the cost model charged so far
         self.num_steps = 0
-        self._tokens = np.full((num_blocks, block_size), -1, dtype=np.int64)
-        self._positions = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.check_contents = check_contents
+        self._bases: dict[str, int] = {}  # fast mode: per-request hash base
+        rows = num_blocks if check_contents else 0
+        self._tokens = np.full((rows, block_size), -1, dtype=np.int64)
+        self._positions = np.full((rows, block_size), -1, dtype=np.int64)
         self._rngs: dict[str, random.Random] = {}
         self.num_host_blocks = num_host_blocks
-        self._host_tokens = np.full((num_host_blocks, block_size), -1, dtype=np.int64)
-        self._host_positions = np.full((num_host_blocks, block_size), -1, dtype=np.int64)
+        host_rows = num_host_blocks if check_contents else 0
+        self._host_tokens = np.full((host_rows, block_size), -1, dtype=np.int64)
+        self._host_positions = np.full((host_rows, block_size), -1, dtype=np.int64)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         for rid in plan.finished_request_ids:
             self._rngs.pop(rid, None)
+            self._bases.pop(rid, None)
+        if not self.check_contents:
+            return self._execute_fast(plan)
         stats = self._transfer(plan.kv_transfers) if plan.kv_transfers else NO_TRANSFERS
         sampled: dict[str, SampledToken] = {}
         prompt_logprobs: dict[str, list[TokenLogprob]] = {}
@@ -75,6 +87,28 @@ class SimRunner:
         if self.cost_model is not None:
             self.virtual_time += self.cost_model(plan)
         return RunnerOutput(sampled, prompt_logprobs, stats)
+
+    def _execute_fast(self, plan: SchedulerOutput) -> RunnerOutput:
+        stats = NO_TRANSFERS
+        if plan.kv_transfers:
+            stored = sum(t.num_blocks for t in plan.kv_transfers if t.direction == TransferDirection.STORE)
+            loaded = sum(t.num_blocks for t in plan.kv_transfers) - stored
+            per_block = self.block_size * 16
+            stats = TransferStats(stored, loaded, stored * per_block, loaded * per_block)
+        sampled: dict[str, SampledToken] = {}
+        for chunk in plan.chunks:
+            if chunk.sample:
+                base = self._bases.get(chunk.request_id)
+                if base is None:
+                    base = self._bases[chunk.request_id] = _digest(chunk.request_id.encode())
+                token = (base + chunk.context_length * 0x9E3779B1) % self.vocab_size
+                if token == chunk.eos_token_id or token in chunk.sampling_params.stop_token_ids:
+                    token = (token + 1) % self.vocab_size
+                sampled[chunk.request_id] = SampledToken(int(token))
+        self.num_steps += 1
+        if self.cost_model is not None:
+            self.virtual_time += self.cost_model(plan)
+        return RunnerOutput(sampled, {}, stats)
 
     def _transfer(self, transfers: list[KVTransfer]) -> TransferStats:
         stored = loaded = 0

@@ -1,0 +1,112 @@
+"""Step-cost model: the virtual seconds one engine step takes on a GPU, from its plan.
+
+A roofline per step (the batch is one forward pass):
+
+- bytes: every weight once (the embedding table excepted: only its rows are gathered) + for each
+  scheduled chunk the KV of its context read once (sliding layers: their window) and its new
+  tokens' KV written;
+- FLOPs: ``2 x linear params`` per scheduled token (MoE: the active experts' share) + attention,
+  ``4 x query width`` per layer per (token, context token) pair, windows applied;
+- time = ``step_overhead + max(FLOPs / (peak x compute), bytes / (bandwidth x memory))
+  + transfer bytes / (PCIe x pcie)``, the efficiencies from the catalog entry (``Efficiency``).
+  Host-tier transfers run before the forward pass (as the runner does), so they add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chatfleet.engine.outputs import SchedulerOutput
+from chatfleet.plan.catalog import Efficiency, GpuSpec
+from chatfleet.plan.memory import MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    num_layers: int
+    kv_bytes_per_token_per_layer: int
+    window: int | None
+    block_bytes: int  # one block of this group, all its layers
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one step of a model costs, independent of the GPU."""
+
+    weight_bytes_per_step: int
+    linear_flops_per_token: float
+    query_width: int  # attention heads x head dim
+    groups: tuple[GroupCost, ...]
+    weights_precision: str  # "fp8" or "bf16" (which tensor rate applies)
+
+    @classmethod
+    def from_breakdown(cls, b: MemoryBreakdown, config: Mapping[str, Any]) -> ModelCost:
+        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+        heads = int(text.get("num_attention_heads") or 1)
+        head_dim = int(text.get("head_dim") or int(text.get("hidden_size") or heads) // heads)
+        linear = {c.tensor_class: c.num_params for c in b.classes if not c.skipped}
+        experts = linear.get("experts", 0)
+        total_experts = int(text.get("num_experts") or text.get("num_local_experts") or 0)
+        active = int(text.get("num_experts_per_tok") or 0)
+        if experts and total_experts and active:
+            experts = experts * active // total_experts
+        head = linear.get("lm_head") or (linear.get("embedding", 0) if b.tie_word_embeddings else 0)
+        flops = 2.0 * (linear.get("attention", 0) + linear.get("mlp", 0) + experts + head)
+        weight_bytes = b.weight_bytes - (0 if b.tie_word_embeddings else b.bytes_of("embedding"))
+        groups = tuple(GroupCost(g.num_layers, g.bytes_per_token_per_layer, g.sliding_window, g.bytes_per_block)
+                       for g in b.kv_spec.groups)
+        precision = "fp8" if b.weights_format.startswith("fp8") else "bf16"
+        return cls(weight_bytes, flops, heads * head_dim, groups, precision)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    compute_s: float
+    memory_s: float
+    transfer_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.overhead_s + max(self.compute_s, self.memory_s) + self.transfer_s
+
+
+class StepCostModel:
+    """``model(plan) -> seconds``: what ``SimRunner(cost_model=...)`` charges per step."""
+
+    def __init__(self, model: ModelCost, gpu: GpuSpec, efficiency: Efficiency | None = None) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.eff = efficiency or gpu.efficiency
+        self._flops = gpu.flops_per_s(model.weights_precision) * self.eff.compute
+        self._bw = gpu.bandwidth_bytes_per_s * self.eff.memory
+        self._pcie = gpu.pcie_bytes_per_s * self.eff.pcie
+
+    def cost(self, plan: SchedulerOutput) -> StepCost:
+        m = self.model
+        tokens = 0
+        kv_bytes = 0.0
+        attn_pairs = 0.0  # sum over layers of (token, context token) pairs
+        for chunk in plan.chunks:
+            n = len(chunk.token_ids)
+            start = chunk.start_position
+            end = start + n
+            tokens += n
+            for g in m.groups:
+                read = end if g.window is None else min(end, g.window + n)
+                kv_bytes += g.num_layers * g.kv_bytes_per_token_per_layer * (read + n)
+                # token i (start <= i < end) attends to i + 1 positions (its window at most)
+                pairs = n * (start + end + 1) / 2 if g.window is None else n * min((start + end + 1) / 2, g.window)
+                attn_pairs += g.num_layers * pairs
+        flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * attn_pairs
+        moved = 0
+        if plan.kv_transfers:
+            block = sum(g.block_bytes for g in m.groups)
+            moved = sum(t.num_blocks for t in plan.kv_transfers) * block
+        return StepCost(flops / self._flops, (m.weight_bytes_per_step + kv_bytes) / self._bw,
+                        moved / self._pcie, self.eff.step_overhead_ms / 1e3)
+
+    def __call__(self, plan: SchedulerOutput) -> float:
+        return self.cost(plan).total_s

@@ -1,0 +1,155 @@
+"""One engine replica in virtual time: the real ``Engine`` (scheduler, KV manager, policies,
+``step()``) over a ``SimRunner`` whose step-cost model says how long each step takes.
+
+``SimReplica.run()`` is the engine loop as a coroutine on a virtual-time loop
+(``plan/virtual_loop.py``): it steps while there is work, sleeps each step's cost, then hands
+the step's tokens to their requests, timestamped at the step's end. ``generate()`` submits one
+request and fills its ``RequestRecord`` (TTFT, every inter-token gap, cached tokens) as a
+measured run would. ``on_plan`` sees every ``SchedulerOutput`` (tests compare them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chatfleet.bench.records import RequestRecord
+from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.engine import Engine
+from chatfleet.engine.outputs import SchedulerOutput
+from chatfleet.engine.request import SamplingParams
+from chatfleet.engine.runner.sim_runner import SimRunner
+from chatfleet.errors import InvalidRequestError, ServerOverloadedError
+from chatfleet.plan.virtual_loop import VirtualClock
+
+SIM_VOCAB = 1 << 30  # token ids of simulated traffic are arbitrary integers below this
+
+
+class _NullDetokenizer:
+    def add_tokens(self, token_ids: list[int]) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+class NullTokenizer:
+    """The engine's tokenizer seat for token-id traffic: no text, no stop strings, no EOS."""
+
+    eos_token_id = None
+    stop_token_ids = ()
+    vocab_size = SIM_VOCAB
+
+    def incremental_detokenizer(self, prompt_token_ids: list[int]) -> _NullDetokenizer:
+        return _NullDetokenizer()
+
+
+@dataclass
+class _Pending:
+    record: RequestRecord
+    t0: float  # the run's start (records count from it)
+    intended: float
+    future: asyncio.Future
+    tokens: list[int] = field(default_factory=list)
+    last: float | None = None
+
+
+class SimReplica:
+    def __init__(self, name: str, config: EngineConfig, num_blocks: int, cost_model: Callable[[SchedulerOutput], float],
+                 clock: VirtualClock, *, num_host_blocks: int = 0, fast: bool = True,
+                 on_plan: Callable[[SchedulerOutput], None] | None = None) -> None:
+        self.name = name
+        self.clock = clock
+        self._cost_model = cost_model
+        self._on_plan = on_plan
+        self._step_cost = 0.0
+        max_len = config.max_model_len or 1 << 20
+        self.runner = SimRunner(num_blocks, config.cache.block_size, vocab_size=SIM_VOCAB, max_model_len=max_len,
+                                cost_model=self._charge, num_host_blocks=num_host_blocks, check_contents=not fast)
+        self.engine = Engine(config, runner=self.runner, tokenizer=NullTokenizer(), clock=clock)
+        self._pending: dict[str, _Pending] = {}
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+        self.busy_s = 0.0  # virtual seconds spent in steps
+
+    def _charge(self, plan: SchedulerOutput) -> float:
+        if self._on_plan is not None:
+            self._on_plan(plan)
+        self._step_cost = self._cost_model(plan)
+        return self._step_cost
+
+    @property
+    def load(self) -> int:
+        return len(self._pending)
+
+    async def generate(self, request_id: str, prompt: list[int], max_tokens: int, record: RequestRecord,
+                       t0: float, intended: float) -> list[int]:
+        """Serve one request; returns its tokens (empty, with the record's status set, on refusal)."""
+        now = self.clock()
+        record.sent_s = now - t0
+        record.queue_s = max(0.0, now - intended)
+        params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        try:
+            self.engine.add_request(request_id, prompt, params, arrival_time=now)
+        except ServerOverloadedError as e:
+            record.status, record.http_status, record.error = "error", 503, e.message
+            return []
+        except InvalidRequestError as e:
+            record.status, record.http_status, record.error = "error", 400, e.message
+            return []
+        record.http_status = 200
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = _Pending(record, t0, intended, fut)
+        if self._wake is not None:
+            self._wake.set()
+        return await fut
+
+    async def run(self) -> None:
+        """The engine loop: step while there is work, each step taking its cost in virtual time."""
+        self._wake = asyncio.Event()
+        engine = self.engine
+        while not self._closed:
+            if not engine.has_unfinished_requests():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._step_cost = 0.0
+            start = self.clock()
+            outputs = engine.step()
+            cost = self._step_cost
+            self.busy_s += cost
+            await asyncio.sleep(cost if (outputs or cost > 0) else 1e-3)
+            now = self.clock()
+            for out in outputs:
+                p = self._pending.get(out.request_id)
+                if p is None:
+                    continue
+                rec = p.record
+                n = len(out.new_token_ids)
+                if n:
+                    if p.last is None:
+                        rec.first_token_s = now - p.t0
+                        rec.ttft_s = now - p.intended
+                        rec.itl_s.extend([0.0] * (n - 1))
+                    else:
+                        gap = cost if p.last == start else (now - p.last) / n
+                        rec.itl_s.extend([gap] * n)
+                    p.last = now
+                    p.tokens.extend(out.new_token_ids)
+                if out.finished:
+                    del self._pending[out.request_id]
+                    rec.end_s = now - p.t0
+                    rec.reply_s = now - p.intended
+                    rec.output_tokens = len(p.tokens)
+                    rec.prompt_tokens = out.num_prompt_tokens
+                    rec.cached_tokens = out.num_cached_tokens
+                    if out.finish_reason not in ("stop", "length"):
+                        rec.status, rec.error = "error", f"finished with {out.finish_reason}"
+                    if not p.future.done():  # the caller may have left (drain timeout)
+                        p.future.set_result(p.tokens)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._wake is not None:
+            self._wake.set()
