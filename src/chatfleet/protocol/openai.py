@@ -108,6 +108,7 @@ class SamplingFields(_Wire):
     ignore_eos: bool = False  # extension
     include_stop_str_in_output: bool = False  # extension
     cache_salt: str | None = None  # extension: extra prefix-cache key (tenant isolation)
+    return_tokens_as_token_ids: bool = False  # extension: logprob tokens as "token_id:N"
 
     @field_validator("stop")
     @classmethod
