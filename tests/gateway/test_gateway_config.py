@@ -27,6 +27,10 @@ def test_replica_urls_are_normalized_and_must_be_distinct():
     ("routing_policy", "nope", "bounded_load"),
     ("read_timeout_s", 0, "read_timeout_s"),
     ("api_keys", ("",), "api keys"),
+    ("total_timeout_s", 0, "total_timeout_s"),
+    ("connect_timeout_s", -1, "connect_timeout_s"),
+    ("max_queued_new", 5000, "max_queued_new"),
+    ("session_ttl_s", 0, "session_ttl_s"),
 ])
 def test_bad_values_fail_clearly(field, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -80,3 +84,16 @@ def test_knee_from_the_series_of_a_sweep_document(tmp_path):
     path.write_text(json.dumps({"series": {"a": {"knee": None}}}))
     with pytest.raises(ConfigError, match="no numeric knee"):
         read_knee(path)
+
+
+def test_upstream_timeouts_and_shedding_settings_come_from_flags():
+    from chatfleet.cli.gateway_cmd import _flags, build_gateway_config
+    from chatfleet.gateway.config import Profile
+
+    flags = _flags(None, None, None, 64, None, None, None, None, None, connect_timeout=1.5,
+                   read_timeout=20, total_timeout=90, max_body_bytes=1 << 20, max_queued_new=8,
+                   session_ttl=120)
+    cfg = build_gateway_config(Profile(gateway={"connect_timeout_s": 3}), ["h:1"], flags, None)
+    assert (cfg.connect_timeout_s, cfg.read_timeout_s, cfg.total_timeout_s) == (1.5, 20, 90)
+    assert (cfg.max_body_bytes, cfg.new_queue_limit, cfg.session_ttl_s) == (1 << 20, 8, 120)
+    assert GatewayConfig(queue_size=64).new_queue_limit == 32 and GatewayConfig().total_timeout_s is None

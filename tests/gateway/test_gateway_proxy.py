@@ -152,9 +152,9 @@ def test_dead_replica_requests_are_retried_elsewhere(fakes, gateways):
     assert dead_state["stats"]["marked_down"] == 2  # at start, then by passive error counting
 
 
-def test_5xx_is_retried_then_replica_rejoins(fakes, gateways):
+def test_replica_failure_is_retried_then_replica_rejoins(fakes, gateways):
     sick, well = fakes(2)
-    sick.behavior.status = 500
+    sick.behavior.status = 502  # a replica failure (see gateway/faults.py)
     gw = gateways([sick.url, well.url], failure_threshold=2)
     with gw.client() as client:
         for s in range(10):
@@ -168,6 +168,22 @@ def test_5xx_is_retried_then_replica_rejoins(fakes, gateways):
                               headers={"X-Session-ID": f"s{s}"}).headers["x-chatfleet-replica"]
                   for s in range(20)}
         assert served == {sick.url, well.url}
+
+
+def test_a_500_about_the_request_is_passed_on_and_never_marks_the_replica_down(fakes, gateways):
+    sick, well = fakes(2)
+    sick.behavior.status = 500  # no replica-fault code: the replica's answer to this request
+    gw = gateways([sick.url, well.url], failure_threshold=1)
+    with gw.client() as client:
+        home = [s for s in range(40) if gw.gateway.router.route(f"s{s}", [sick.url, well.url], {}, []).replica
+                == sick.url]
+        assert home
+        for s in home[:5]:
+            r = client.post("/v1/chat/completions", json=chat_body(), headers={"X-Session-ID": f"s{s}"})
+            assert r.status_code == 500 and r.headers["x-chatfleet-replica"] == sick.url
+        assert len(well.replica.stats.requests) == 0  # never retried elsewhere
+        state = gw.gateway.replicas[sick.url]
+        assert state.healthy and state.stats.upstream_errors == 0 and state.stats.marked_down == 0
 
 
 def test_all_replicas_failing_gives_an_explicit_error(fakes, gateways):

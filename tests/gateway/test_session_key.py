@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from chatfleet.gateway.session import KeySource, session_of
 
 CARD = {"role": "system", "content": "You are Captain Mira, a starship pilot."}
@@ -35,7 +37,6 @@ def test_every_turn_of_a_chat_shares_the_key():
     first = key(chat(user("Hello Mira")))
     later = key(chat(user("Hello Mira"), assistant("Hi!"), user("Where are we?")))
     assert first.source is KeySource.CONVERSATION and first.key == later.key
-    assert not first.returning and later.returning
 
 
 def test_chats_on_one_card_get_different_keys():
@@ -46,9 +47,9 @@ def test_chats_on_one_card_get_different_keys():
 def test_the_card_alone_is_never_a_key():
     assert key({"messages": [CARD]}).key is None
     assert key({"messages": [CARD]}).source is KeySource.NONE
-    # An assistant greeting from the card before the first user message is not a returning turn.
+    # An assistant greeting from the card before the first user message still keys on the user.
     greeted = key(chat(assistant("Welcome aboard."), user("hi")))
-    assert greeted.key is not None and not greeted.returning
+    assert greeted.key is not None and greeted.key != key(chat(user("hello"))).key
 
 
 def test_content_parts_and_plain_text_are_keys_too():
@@ -59,3 +60,10 @@ def test_content_parts_and_plain_text_are_keys_too():
 def test_completions_without_header_or_user_have_no_key():
     assert key({"model": "m", "prompt": "Once upon a time"}).source is KeySource.NONE
     assert key({"model": "m", "prompt": "x", "user": "bob"}).key == "bob"
+
+
+def test_a_lone_surrogate_is_hashed_not_a_crash():
+    body = json.loads('{"messages": [{"role": "user", "content": "\\ud800 hi"}]}')
+    first, again = key(body), key(json.loads(json.dumps(body)))
+    assert first.source is KeySource.CONVERSATION and first.key == again.key
+    assert first.key != key(chat(user("\ufffd hi"))).key

@@ -18,6 +18,8 @@ from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.transport import Session
 from chatfleet.protocol.sse import DataSplitter
 
+SESSION_HEADER = "X-Session-ID"  # one id per conversation, as the gateway forwards it
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -27,6 +29,7 @@ class ClientConfig:
     force_length: bool = True  # min_tokens = max_tokens
     continuous_usage: bool = False  # ask for per-chunk usage (vLLM) to count tokens per chunk
     extra_body: dict = field(default_factory=dict)
+    send_session_id: bool = True  # X-Session-ID per conversation (session-aware engines and gateways)
     on_chunk: Callable[[int, dict], None] | None = None  # (arrival ns, event) probe for timing checks
 
 
@@ -65,7 +68,8 @@ async def send_chat(session: Session, cfg: ClientConfig, rec: RequestRecord, mes
             sent_ns = time.perf_counter_ns()
             rec.sent_s = (sent_ns - t0_ns) * sec
             rec.queue_s = max(0, sent_ns - intended_ns) * sec
-            resp = await session.post("/v1/chat/completions", body, {})
+            headers = {SESSION_HEADER: rec.session_id} if cfg.send_session_id and rec.session_id else {}
+            resp = await session.post("/v1/chat/completions", body, headers)
             rec.http_status = resp.status
             if resp.status != 200:
                 raw = b"".join([c async for _, c in resp.chunks])

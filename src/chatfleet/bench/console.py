@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from chatfleet.bench.breakdown import Breakdown
 from chatfleet.bench.fleet import FleetPlan
+from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.stats import RunSummary
@@ -129,3 +131,16 @@ def workload_table(s: WorkloadStats) -> Table:
             v = ", ".join(f"{a} {b:.0%}" for a, b in v.items())
         t.add_row(k.replace("_", " "), str(v))
     return t
+
+
+def breakdown_tables(bd: Breakdown, title: str) -> list[Table]:
+    """Hit rate and TTFT by turn index and by pause length (``bench/breakdown.py``)."""
+    tables = []
+    for what, groups in (("turn", bd.by_turn), ("pause", bd.by_pause)):
+        t = Table(title=f"{title}: by {what}")
+        for c in (what, *GROUP_COLUMNS):
+            t.add_column(c, justify="right")
+        for g in groups:
+            t.add_row(*group_row(g))
+        tables.append(t)
+    return tables

@@ -1,14 +1,18 @@
-"""`chatfleet demo`: the built-in engine stock vs tuned, swept with role-play traffic, knees and
-fleet sizes side by side.
+"""`chatfleet demo`: the built-in engine stock vs tuned at one scarce device KV budget, swept
+with long-session role-play chats; knees (with their spread over repeats) and fleet sizes.
 
-Stock: no prefix cache, no concurrency cap, whole prompts per step. Tuned: prefix cache, a
-cap on running requests, chunked prefill. The two engines run one after the other, each with
-the same threads, so neither steals the other's cores (``parallel`` runs them at once, each
-with its own threads: faster, but each engine's load then slows the other).
+Stock is the engine as it ships (prefix cache on, chunked prefill on, no cap, LRU eviction, FCFS,
+no host tier). Tuned adds the warm-cache techniques (``bench/techniques.py``: a cap on running
+requests, a host tier, session-aware eviction, longest-cached-prefix-first scheduling) at the
+same device KV budget; a technique the installed engine does not accept yet is named in the
+output, never silently dropped. ``--with-vllm`` adds vLLM's CPU build at the same budget and
+dtype as a third series. Series run one after the other, each with the same threads, so none
+steals another's cores (``parallel`` runs them at once: faster, but each slows the others).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -19,51 +23,53 @@ from rich.console import Console
 from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
+from chatfleet.bench.knee import knee_spread
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.sources import WorkloadSource, run_async
+from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
+from chatfleet.bench.techniques import TECHNIQUES, EngineArgs, TechniqueSettings, engine_args
 from chatfleet.bench.workload import get_profile
 from chatfleet.errors import ConfigError
-from chatfleet.testing.engines import launch_engine
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     model: str = "small"
-    profile: str = "cpu-roleplay"
+    profile: str = "long-session"
     slo: str = "ttft_p95<=1s,itl_p95<=200ms"
     peak_chats: int = 2200
     headroom: float = 0.0
     price_per_gpu_hour: float | None = None
     threads: int = 2
-    duration_s: float = 10.0
+    duration_s: float = 8.0
     warmup_s: float = 3.0
-    start: int = 2
+    start: int = 4
     max_level: int = 64
-    max_points: int = 6
-    repeats: int = 1
+    max_points: int = 4
+    repeats: int = 2
     seed: int = 0
-    parallel: bool = False  # both engines at once (threads each); default: one after the other
-    tuned_max_running: int = 8
-    tuned_max_batched_tokens: int = 256
-    kv_cache_tokens: int | None = None  # same pool for both; None: the engine's default
-    stock_args: tuple[str, ...] = (
-        "--no-prefix-cache", "--no-chunked-prefill", "--max-running", "1024", "--max-batched-tokens", "8192"
-    )
+    parallel: bool = False  # every series at once (threads each); default: one after the other
+    kv_cache_tokens: int = 2048  # the device KV budget of every series: scarce, so memory binds
+    techniques: TechniqueSettings = field(default_factory=TechniqueSettings)
+    with_vllm: bool = False
+    vllm_python: Path | None = None  # default: benchmarks/.venv-vllm of this checkout
     out_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
     def __post_init__(self) -> None:
         parse_slo(self.slo)
         get_profile(self.profile)
-        if self.threads < 1 or self.peak_chats < 1 or self.max_points < 2:
-            raise ConfigError("threads and peak chats must be >= 1, max points >= 2")
+        if self.threads < 1 or self.peak_chats < 1 or self.max_points < 2 or self.repeats < 1:
+            raise ConfigError("threads, peak chats and repeats must be >= 1, max points >= 2")
+        if self.kv_cache_tokens < 64:
+            raise ConfigError("the device KV budget must be at least 64 tokens")
 
-    def engine_args(self) -> dict[str, list[str]]:
-        pool = ["--kv-cache-tokens", str(self.kv_cache_tokens)] if self.kv_cache_tokens else []
-        tuned = ["--max-running", str(self.tuned_max_running), "--max-batched-tokens", str(self.tuned_max_batched_tokens)]
-        return {"stock": [*self.stock_args, *pool], "tuned": [*tuned, *pool]}
+    def engine_args(self) -> dict[str, EngineArgs]:
+        pool = ("--kv-cache-tokens", str(self.kv_cache_tokens))
+        return {"stock": engine_args((), self.techniques, pool),
+                "tuned": engine_args(TECHNIQUES, self.techniques, pool)}
 
 
 @dataclass
@@ -75,24 +81,41 @@ class DemoResult:
     seconds: float
 
 
-def _sweep_engine(cfg: DemoConfig, name: str, args: list[str], con: Console) -> SweepResult:
-    log = cfg.out_dir / f"engine-{name}.log"
-    con.print(f"[bold]{name}[/]: chatfleet engine --model {cfg.model} {' '.join(args)} (threads {cfg.threads})")
-    with launch_engine(cfg.model, args, threads=cfg.threads, log_dir=log.parent, log_name=log.stem) as eng:
+def kv_budget_bytes(model_dir: Path, tokens: int, dtype: str = "float32") -> int:
+    """Bytes of a device KV pool of ``tokens`` tokens (the memory arithmetic the engine uses)."""
+    from chatfleet.plan.memory import memory_breakdown
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return memory_breakdown(config, dtype=dtype, kv_cache_tokens=tokens).kv_pool_bytes
+
+
+def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResult:
+    """Start the series' server, sweep it to the knee under ``cfg``'s protocol, stop it."""
+    con.print(f"[bold]{series.name}[/]: {series.describe()}")
+    with start_server(series, cfg.out_dir) as url:
         load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
-        proto = RunProtocol(eng.url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
-                            server_kind="chatfleet")
+        proto = RunProtocol(url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
+                            server_kind=series.server_kind)
         make, _ = WorkloadSource(get_profile(cfg.profile), cfg.model).factory()
         spec = SweepSpec(cfg.start, cfg.max_level, 2.0, 1.0, cfg.max_points)
 
         async def go() -> SweepResult:
-            b = Bench(proto, ClientConfig(model=cfg.model), make, ui.ProgressObserver(con, f"{name} "))
+            b = Bench(proto, ClientConfig(model=series.request_model), make,
+                      ui.ProgressObserver(con, f"{series.name} "))
             try:
                 return await sweep(b, spec)
             finally:
                 await b.close()
 
         return run_async(go())
+
+
+def demo_series(cfg: DemoConfig, model_dir: Path) -> list[SeriesSpec]:
+    out = [SeriesSpec.chatfleet(name, cfg.model, a, cfg.threads) for name, a in cfg.engine_args().items()]
+    if cfg.with_vllm:
+        budget = kv_budget_bytes(model_dir, cfg.kv_cache_tokens)
+        out.append(SeriesSpec.vllm("vllm", model_dir, budget, cfg.kv_cache_tokens, cfg.threads, cfg.vllm_python))
+    return out
 
 
 def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
@@ -102,28 +125,33 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     from chatfleet.models.tiny import resolve_model
 
     path = resolve_model(cfg.model)
+    budget = kv_budget_bytes(path, cfg.kv_cache_tokens)
+    series = demo_series(cfg, path)
     con.print(f"model [bold]{cfg.model}[/] at {path}; workload {cfg.profile}; SLO {cfg.slo}")
+    con.print(f"device KV budget for every series: [bold]{cfg.kv_cache_tokens:,} tokens[/] "
+              f"({budget / 2**20:.1f} MiB at float32); {cfg.repeats} repeats per load point")
+    tuned = cfg.engine_args()["tuned"]
+    con.print(f"tuned techniques: {tuned.describe()}")
     if cfg.parallel:
-        with ThreadPoolExecutor(2) as ex:
-            futs = {name: ex.submit(_sweep_engine, cfg, name, args, con) for name, args in cfg.engine_args().items()}
+        with ThreadPoolExecutor(len(series)) as ex:
+            futs = {s.name: ex.submit(sweep_series, cfg, s, con) for s in series}
             sweeps = {name: f.result() for name, f in futs.items()}
     else:
-        sweeps = {name: _sweep_engine(cfg, name, args, con) for name, args in cfg.engine_args().items()}
+        sweeps = {s.name: sweep_series(cfg, s, con) for s in series}
     fleets = {n: (plan_fleet(s.knee, cfg.peak_chats, cfg.headroom, cfg.price_per_gpu_hour) if s.knee else None)
               for n, s in sweeps.items()}
     for n, s in sweeps.items():
         con.print(ui.sweep_table(s, f"{n}: live chats vs SLO {s.slo}"))
+        shown = next((p for p in s.points if p.level == s.knee), s.points[-1] if s.points else None)
+        if shown is not None:
+            for table in ui.breakdown_tables(shown.breakdown(), f"{n} at {shown.level:g} chats"):
+                con.print(table)
     con.print(ui.fleet_table(fleets, f"fleet for {cfg.peak_chats} peak chats"))
-    knees = {n: s.knee for n, s in sweeps.items()}
-    for n, s in sweeps.items():
-        if s.knee is not None and not s.knee_reached:
-            con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "
-                      "its knee is at least that (raise --max-points)[/]")
-    if knees["stock"] and knees["tuned"]:
-        con.print(f"tuned holds [bold]{knees['tuned'] / knees['stock']:.2f}x[/] the live chats of stock "
-                  f"({knees['tuned']:g} vs {knees['stock']:g}) inside the SLO")
+    _print_knees(sweeps, con)
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-                "engine_args": cfg.engine_args(), "model_path": str(path)}
+                "engine_args": {s.name: list(s.args) for s in series}, "model_path": str(path),
+                "kv_budget_bytes": budget, "tuned_techniques": list(tuned.applied),
+                "tuned_techniques_missing": list(tuned.missing)}
     doc = result_document("demo", settings, {n: sweep_to_dict(s) for n, s in sweeps.items()},
                           {"fleet": {n: (f.to_dict() if f else None) for n, f in fleets.items()}})
     jp = write_json(doc, cfg.out_dir / "result.json")
@@ -131,3 +159,17 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     secs = time.monotonic() - t0
     con.print(f"result: {jp}\nreport: {hp}\n({secs:.0f} s)")
     return DemoResult(sweeps, fleets, jp, hp, secs)
+
+
+def _print_knees(sweeps: dict[str, SweepResult], con: Console) -> None:
+    for n, s in sweeps.items():
+        spread = knee_spread(s.points)
+        knee = "none (the lowest load broke the SLO)" if s.knee is None else f"{s.knee:g} chats"
+        con.print(f"{n}: knee {knee}; per repeat {spread.describe()}")
+        if s.knee is not None and not s.knee_reached:
+            con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "
+                      "its knee is at least that (raise --max-points)[/]")
+    stock, tuned = sweeps.get("stock"), sweeps.get("tuned")
+    if stock and tuned and stock.knee and tuned.knee:
+        con.print(f"tuned holds [bold]{tuned.knee / stock.knee:.2f}x[/] the live chats of stock "
+                  f"({tuned.knee:g} vs {stock.knee:g}) inside the SLO at the same device KV budget")

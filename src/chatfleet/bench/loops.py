@@ -113,7 +113,9 @@ class _Run:
                     return
             self.sent += 1
             rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
-                                expected_tokens=turn.reply_tokens, warmup=intended < self.warm_end)
+                                expected_tokens=turn.reply_tokens, warmup=intended < self.warm_end,
+                                pause_s=(turn.think_time_s if think else 0.0) if ti > 0 else None,
+                                session_id=f"bench-{self.seed}-{conv.conv_id}")
             self.records.append(rec)
             history = replies if self.spec.history == "live" else None
             res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)

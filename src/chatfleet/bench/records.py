@@ -31,13 +31,19 @@ class RequestRecord:
     http_status: int | None = None
     error: str | None = None
     warmup: bool = False  # sent before the measured window; excluded from stats
+    pause_s: float | None = None  # the user's pause before this turn (None: a conversation's first turn)
+    session_id: str | None = None  # sent as X-Session-ID
+
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RequestRecord":
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
     def slo_values(self) -> dict:
         return {"ttft": self.ttft_s, "itl": self.itl_s, "reply": self.reply_s, "queue": self.queue_s}
+
+
+_FIELDS = frozenset(RequestRecord.__dataclass_fields__)

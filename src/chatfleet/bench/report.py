@@ -11,6 +11,9 @@ import json
 import time
 from pathlib import Path
 
+from chatfleet.bench.knee import knee_spread
+from chatfleet.bench.report_breakdown import figure as breakdown_figure
+from chatfleet.bench.report_breakdown import tables_html as breakdown_tables
 from chatfleet.bench.sweep import SweepResult
 from chatfleet.errors import ConfigError
 
@@ -19,6 +22,7 @@ FORMAT_VERSION = 1
 
 def sweep_to_dict(res: SweepResult, with_records: bool = True) -> dict:
     return {"mode": res.mode, "slo": res.slo, "knee": res.knee, "knee_reached": res.knee_reached,
+            "knee_spread": knee_spread(res.points).to_dict(),
             "points": [p.to_dict(with_records) for p in res.points]}
 
 
@@ -64,14 +68,6 @@ def _point_stat(point: dict, metric: str, stat: str) -> float:
     return sum(finite) / len(finite) if finite else float("nan")
 
 
-def _best_point(sweep: dict) -> dict | None:
-    """The knee's point, else the highest load measured."""
-    pts = sweep["points"]
-    if not pts:
-        return None
-    return next((p for p in pts if p["level"] == sweep.get("knee")), pts[-1])
-
-
 def plots(series: dict[str, dict]) -> dict[str, str]:
     import matplotlib
 
@@ -108,23 +104,7 @@ def plots(series: dict[str, dict]) -> dict[str, str]:
     ax.set_title("Goodput vs load (x: SLO broken, dashed: knee)"), ax.legend(fontsize=7)
     out["goodput"] = _png(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, sw in series.items():
-        p = _best_point(sw)
-        if p is None:
-            continue
-        acc: dict[int, list[int]] = {}
-        for r in p["runs"]:
-            for turn, h in r["summary"]["hits_by_turn"].items():
-                a = acc.setdefault(int(turn), [0, 0])
-                a[0] += h["cached_tokens"]
-                a[1] += h["prompt_tokens"]
-        turns = sorted(acc)
-        ax.plot(turns, [acc[t][0] / acc[t][1] if acc[t][1] else 0 for t in turns], "-o",
-                label=f"{name} (load {p['level']:g})")
-    ax.set_xlabel("turn index in the conversation"), ax.set_ylabel("prefix-cache hit rate"), ax.set_ylim(0, 1.02)
-    ax.set_title("Prefix-cache hit rate by turn"), ax.grid(alpha=0.3), ax.legend(fontsize=7)
-    out["hits"] = _png(fig)
+    out["hits"] = _png(breakdown_figure(series))
 
     fig, ax = plt.subplots(figsize=(7, 3))
     for name, sw in series.items():
@@ -157,12 +137,15 @@ def _points_table(name: str, sw: dict) -> str:
         cells = [f"{p['level']:g}", "yes" if p["passed"] else "<b>no</b>", str(len(p["runs"])),
                  str(sum(r["throttled"] for r in p["runs"]))]
         for k in keys:
-            iv = p["intervals"][k]
-            cells.append(f"{iv['mean']:.4g} [{iv['low']:.3g}, {iv['high']:.3g}]")
+            iv = p["intervals"].get(k)  # a point where no run reported a hit rate has none
+            cells.append("-" if iv is None else f"{iv['mean']:.4g} [{iv['low']:.3g}, {iv['high']:.3g}]")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
     knee_txt = "none (the lowest load broke the SLO)" if knee is None else f"{knee:g}" + (
         "" if sw.get("knee_reached") else " (not reached: the sweep's maximum still met the SLO)")
+    spread = sw.get("knee_spread") or {}
+    if len(spread.get("knees") or ()) > 1:
+        knee_txt += f"; per repeat {spread['low']:g}-{spread['high']:g}"
     return (f"<h3>{html.escape(name)}: knee {knee_txt}</h3><table><tr>{head}</tr>{''.join(rows)}</table>")
 
 
@@ -190,7 +173,10 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:100%
 </head><body><h1>chatfleet {html.escape(doc['kind'])}</h1>
 <p>SLO: <code>{html.escape(next(iter(series.values()))['slo'] if series else '')}</code>. Loads are
 {html.escape(next(iter(series.values()))['mode'] if series else '')}-loop levels; intervals are 95% over repeats.</p>
-{fleet}{tables}{figs}<h2>Settings</h2><pre>{settings}</pre></body></html>"""
+{fleet}{tables}{figs}<h2>Warm cache: hit rate and TTFT by turn and by pause</h2>
+<p>Hit rate per request is <code>usage.prompt_tokens_details.cached_tokens / prompt_tokens</code> as the
+server reported it; "hit rate" weights requests by their prompt tokens.</p>{breakdown_tables(series)}
+<h2>Settings</h2><pre>{settings}</pre></body></html>"""
 
 
 def write_html(doc: dict, path: str | Path) -> Path:

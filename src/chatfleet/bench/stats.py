@@ -1,4 +1,4 @@
-"""Per-run statistics: percentiles, SLO attainment, goodput, prefix-cache hit rate by turn."""
+"""Per-run statistics: percentiles, SLO attainment, goodput, prefix-cache hit rate by turn and pause."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.slo import SLO, stat_of
 
@@ -66,9 +67,11 @@ class RunSummary:
     slo_values: dict[str, float]  # target key -> measured value
     hit_rate: float | None
     hits_by_turn: dict[int, TurnHits] = field(default_factory=dict)
+    breakdown: Breakdown = field(default_factory=lambda: Breakdown([], []))  # by turn and by pause
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["breakdown"] = self.breakdown.to_dict()
         d["hits_by_turn"] = {
             str(k): {**asdict(v), "hit_rate": v.hit_rate} for k, v in self.hits_by_turn.items()
         }
@@ -130,4 +133,5 @@ def summarize(records: list[RequestRecord], slo: SLO | None, window_s: float) ->
         slo_values=slo_values,
         hit_rate=sum(h.cached_tokens for h in hbt.values()) / prompt if prompt else None,
         hits_by_turn=hbt,
+        breakdown=breakdown(recs),
     )

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
 from chatfleet.bench.records import RequestRecord
@@ -101,9 +102,14 @@ class PointResult:
     def kept(self) -> list[RunRecord]:
         return [r for r in self.runs if not r.throttled] or self.runs
 
+    def breakdown(self) -> Breakdown:
+        """Hit rate and TTFT by turn and by pause over the kept repeats' requests pooled."""
+        return breakdown(rec for run in self.kept for rec in run.records)
+
     def to_dict(self, with_records: bool = True) -> dict:
         return {"level": self.level, "passed": self.passed,
                 "intervals": {k: asdict(v) for k, v in self.intervals.items()},
+                "breakdown": self.breakdown().to_dict(),
                 "runs": [r.to_dict(with_records) for r in self.runs]}
 
 

@@ -76,6 +76,21 @@ PROFILES: dict[str, WorkloadProfile] = {
         think_time_s=make("lognormal", mean=0.8, sigma=0.5, min=0.2, max=3.0),
         max_prompt_tokens=2048,
     ),
+    # Users who pause (for `small` on CPU cores): longer cards and histories, and pauses several
+    # times a turn's own time (lognormal: most people answer within seconds, some leave for a
+    # minute), so the live chats' working set at the knee is several times a scarce device pool
+    # (the demo's 2,048 tokens) and a returning turn finds its history only if nothing evicted it.
+    "long-session": WorkloadProfile(
+        name="long-session",
+        num_characters=24,
+        zipf_s=0.8,
+        card_tokens=make("lognormal", mean=420, sigma=0.25, min=200, max=800),
+        user_tokens=make("lognormal", mean=32, sigma=0.6, min=6, max=120),
+        reply_tokens=make("uniform", low=10, high=20),
+        turns=make("uniform", low=6, high=14),
+        think_time_s=make("lognormal", mean=2.5, sigma=0.9, min=0.3, max=60.0),
+        max_prompt_tokens=1536,
+    ),
 }
 
 

@@ -111,6 +111,8 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
     for run in point.runs:
         out.print(ui.summary_table(run.summary, f"load {level:g} ({mode}), seed {run.seed}"))
         out.print(ui.run_facts(run.summary))
+    for table in ui.breakdown_tables(point.breakdown(), f"load {level:g}, repeats pooled"):
+        out.print(table)
     from chatfleet.bench.sweep import SweepResult
 
     res = SweepResult(mode, slo, [point], level if point.passed else None, not point.passed)
@@ -151,6 +153,10 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
     out.print(ui.sweep_table(res, f"sweep against {url} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"knee: [bold]{knee}[/]")
+    shown = next((p for p in res.points if p.level == res.knee), res.points[-1] if res.points else None)
+    if shown is not None:
+        for table in ui.breakdown_tables(shown.breakdown(), f"load {shown.level:g}"):
+            out.print(table)
     if fleet:
         out.print(ui.fleet_table({url: fleet}))
     doc = result_document("sweep", _settings(url=url, model=client.model, profile=get_profile(profile),

@@ -1,4 +1,4 @@
-"""`chatfleet demo`: stock vs tuned built-in engine, knees and fleet sizes side by side."""
+"""`chatfleet demo`: stock vs tuned built-in engine at one scarce KV budget, knees and fleet sizes."""
 
 from __future__ import annotations
 
@@ -6,36 +6,49 @@ from pathlib import Path
 
 import typer
 
+from chatfleet.bench.demo import DemoConfig
+from chatfleet.bench.techniques import TechniqueSettings
 from chatfleet.errors import ChatfleetError
 
-_HELP = "Build `small` if missing, sweep the engine stock and tuned with role-play chats, size both fleets."
+_HELP = ("Build `small` if missing, sweep the engine stock (its defaults) and tuned (warm-cache techniques) "
+         "at the same scarce device KV budget with long-session chats, size both fleets.")
+_D, _T = DemoConfig(), TechniqueSettings()
 
 
 def demo(
-    model: str = typer.Option("small", "--model", help="'small' (default), 'tiny' or a local HF folder."),
-    slo: str = typer.Option("ttft_p95<=1s,itl_p95<=200ms", "--slo", help="Latency targets."),
-    peak: int = typer.Option(2200, "--peak", help="Peak concurrent chats to size the fleets for."),
-    headroom: float = typer.Option(0.0, "--headroom", help="Provision this share above the peak."),
+    model: str = typer.Option(_D.model, "--model", help="'small' (default), 'tiny' or a local HF folder."),
+    profile: str = typer.Option(_D.profile, "--profile", help="Workload profile (long-session: users who pause)."),
+    slo: str = typer.Option(_D.slo, "--slo", help="Latency targets."),
+    peak: int = typer.Option(_D.peak_chats, "--peak", help="Peak concurrent chats to size the fleets for."),
+    headroom: float = typer.Option(_D.headroom, "--headroom", help="Provision this share above the peak."),
     price: float | None = typer.Option(None, "--price", help="Price per GPU-hour, for cost per conversation-hour."),
-    threads: int = typer.Option(2, "--threads", help="torch threads per engine."),
-    parallel: bool = typer.Option(False, "--parallel", help="Run both engines at once (use --threads 1) "
+    threads: int = typer.Option(_D.threads, "--threads", help="torch threads per engine."),
+    parallel: bool = typer.Option(False, "--parallel", help="Run the series at once (use --threads 1) "
                                   "instead of one after the other."),
-    duration: float = typer.Option(10.0, "--duration", help="Measured seconds per load point."),
-    warmup: float = typer.Option(3.0, "--warmup", help="Warmup seconds per load point."),
-    max_points: int = typer.Option(6, "--max-points", help="Most load points per engine."),
-    repeats: int = typer.Option(1, "--repeats", help="Runs per load point (tighter knees, longer demo)."),
-    kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool (tokens) for both engines."),
-    seed: int = typer.Option(0, "--seed", help="Base seed."),
+    duration: float = typer.Option(_D.duration_s, "--duration", help="Measured seconds per load point."),
+    warmup: float = typer.Option(_D.warmup_s, "--warmup", help="Warmup seconds per load point."),
+    start: int = typer.Option(_D.start, "--start", help="First load level (live chats); doubled until the SLO breaks."),
+    max_points: int = typer.Option(_D.max_points, "--max-points", help="Most load points per series."),
+    repeats: int = typer.Option(_D.repeats, "--repeats", help="Runs per load point (the knee's spread)."),
+    kv_cache_tokens: int = typer.Option(_D.kv_cache_tokens, "--kv-cache-tokens",
+                                        help="Device KV budget (tokens) of every series: scarce, so memory binds."),
+    max_running: int = typer.Option(_T.max_running, "--max-running", help="Tuned: the cap on running requests."),
+    host_cache_memory: str = typer.Option(_T.host_cache_memory, "--host-cache-memory", help="Tuned: host tier size."),
+    with_vllm: bool = typer.Option(False, "--with-vllm", help="Add vLLM's CPU build at the same budget and dtype."),
+    vllm_python: Path | None = typer.Option(None, "--vllm-python", help="Python of vLLM's venv "
+                                            "(default: benchmarks/.venv-vllm/bin/python)."),
+    seed: int = typer.Option(_D.seed, "--seed", help="Base seed."),
     out_dir: Path | None = typer.Option(None, "--out-dir", help="Where result.json and report.html go."),
 ) -> None:
-    """Build `small` if missing, sweep the engine stock and tuned with role-play chats, size both fleets."""
-    from chatfleet.bench.demo import DemoConfig, run_demo
+    from chatfleet.bench.demo import run_demo
 
     try:
         kw = {"out_dir": out_dir} if out_dir else {}
-        cfg = DemoConfig(model=model, slo=slo, peak_chats=peak, headroom=headroom, price_per_gpu_hour=price,
-                         threads=threads, parallel=parallel, duration_s=duration, warmup_s=warmup, max_points=max_points, repeats=repeats,
-                         kv_cache_tokens=kv_cache_tokens, seed=seed, **kw)
+        tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
+        cfg = DemoConfig(model=model, profile=profile, slo=slo, peak_chats=peak, headroom=headroom,
+                         price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
+                         warmup_s=warmup, start=start, max_points=max_points, repeats=repeats, kv_cache_tokens=kv_cache_tokens,
+                         techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed, **kw)
         run_demo(cfg)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)

@@ -6,6 +6,7 @@ Settings come from the GatewayConfig defaults, then a YAML profile (--profile), 
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,12 @@ _KEYS = typer.Option(None, "--api-key", envvar="CHATFLEET_API_KEYS",
 _HEADER = typer.Option(None, "--session-header", help=f"Session-id header (default: {_G.session_header}).")
 _POLICY = typer.Option(None, "--routing-policy", help=f"Routing policy (default: {_G.routing_policy}).")
 _LOG = typer.Option(None, "--log-level", help=f"Log level (default: {_G.log_level}).")
+_CONNECT = typer.Option(None, "--connect-timeout", help=f"Seconds to connect to a replica (default: {_G.connect_timeout_s:g}).")
+_READ = typer.Option(None, "--read-timeout", help=f"Longest silence from a replica, in seconds (default: {_G.read_timeout_s:g}).")
+_TOTAL = typer.Option(None, "--total-timeout", help="Seconds a whole upstream call may take, stream included (default: no limit).")
+_BODY = typer.Option(None, "--max-body-bytes", help=f"Largest request body (default: {_G.max_body_bytes}).")
+_NEWQ = typer.Option(None, "--max-queued-new", help="First turns of new conversations that may wait (default: half of --queue-size).")
+_TTL = typer.Option(None, "--session-ttl", help=f"Seconds a conversation counts as in progress after its last turn (default: {_G.session_ttl_s:g}).")
 
 
 def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: dict[str, Any],
@@ -52,10 +59,42 @@ def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: di
 
 
 def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
-           routing_policy, log_level) -> dict[str, Any]:
+           routing_policy, log_level, connect_timeout=None, read_timeout=None, total_timeout=None,
+           max_body_bytes=None, max_queued_new=None, session_ttl=None) -> dict[str, Any]:
     return {"host": host, "port": port, "max_in_flight": max_in_flight, "queue_size": queue_size,
             "max_queue_wait_s": max_queue_wait, "api_keys": api_key or None,
-            "session_header": session_header, "routing_policy": routing_policy, "log_level": log_level}
+            "session_header": session_header, "routing_policy": routing_policy, "log_level": log_level,
+            "connect_timeout_s": connect_timeout, "read_timeout_s": read_timeout,
+            "total_timeout_s": total_timeout, "max_body_bytes": max_body_bytes,
+            "max_queued_new": max_queued_new, "session_ttl_s": session_ttl}
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail now, before any engine starts, if the gateway could not listen on HOST:PORT."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "choose another --port or --host") from None
+
+
+def client_address(host: str, port: int) -> str:
+    """The OpenAI base URL clients should use for a gateway bound to HOST:PORT."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
+
+
+def _announce(config: GatewayConfig) -> None:
+    typer.echo(f"gateway on {config.host}:{config.port}; clients use base URL "
+               f"{client_address(config.host, config.port)}", err=True)
 
 
 def _fail(err: ChatfleetError) -> None:
@@ -69,6 +108,9 @@ def gateway(
     caps_series: str | None = _CAPS_SERIES, queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
     api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
     routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
+    connect_timeout: float | None = _CONNECT, read_timeout: float | None = _READ,
+    total_timeout: float | None = _TOTAL, max_body_bytes: int | None = _BODY,
+    max_queued_new: int | None = _NEWQ, session_ttl: float | None = _TTL,
 ) -> None:
     """OpenAI-compatible gateway over running replicas (built-in engine, vLLM, SGLang, ...)."""
     from chatfleet.gateway.app import run_gateway
@@ -77,11 +119,14 @@ def gateway(
         prof = load_profile(profile) if profile else Profile()
         config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
-            routing_policy, log_level), caps_from, caps_series)
+            routing_policy, log_level, connect_timeout, read_timeout, total_timeout, max_body_bytes,
+            max_queued_new, session_ttl), caps_from, caps_series)
         if not config.replicas:
             raise ConfigError("no replicas: give --replica URL (repeatable) or a profile's gateway.replicas")
+        check_port(config.host, config.port)
     except ChatfleetError as err:
         _fail(err)
+    _announce(config)
     run_gateway(config)
 
 
@@ -96,9 +141,13 @@ def serve(
     caps_series: str | None = _CAPS_SERIES, queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
     api_key: list[str] | None = _KEYS, session_header: str | None = _HEADER,
     routing_policy: str | None = _POLICY, log_level: str | None = _LOG,
+    connect_timeout: float | None = _CONNECT, read_timeout: float | None = _READ,
+    total_timeout: float | None = _TOTAL, max_body_bytes: int | None = _BODY,
+    max_queued_new: int | None = _NEWQ, session_ttl: float | None = _TTL,
 ) -> None:
     """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
     from chatfleet.gateway.app import run_gateway
+    from chatfleet.gateway.supervisor import ReplicaSupervisor
     from chatfleet.testing.engines import Fleet, FleetConfig
 
     try:
@@ -117,9 +166,11 @@ def serve(
         fleet_config = FleetConfig(**settings)
         gateway_config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
-            routing_policy, log_level), caps_from, caps_series)
+            routing_policy, log_level, connect_timeout, read_timeout, total_timeout, max_body_bytes,
+            max_queued_new, session_ttl), caps_from, caps_series)
         if fleet_config.replicas == 0 and not gateway_config.replicas:
             raise ConfigError("nothing to serve: --replicas 0 and no --replica URL")
+        check_port(gateway_config.host, gateway_config.port)
     except ChatfleetError as err:
         _fail(err)
 
@@ -128,19 +179,25 @@ def serve(
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     fleet = Fleet(fleet_config)
+    supervisor = None
     try:
         urls = fleet.start()
         if urls:
-            typer.echo(f"engines ready: {' '.join(urls)}", err=True)
+            typer.echo(f"engines ready: {' '.join(urls)} (restarted if they die)", err=True)
+        supervisor = ReplicaSupervisor(fleet).start()
         # uvicorn stops on SIGINT/SIGTERM, then re-raises the signal into the handlers found
         # here, so both end up as KeyboardInterrupt and the engines stop below.
         attached = [spec.url for spec in gateway_config.replicas]
-        run_gateway(gateway_config.replace(replicas=tuple(urls) + tuple(attached)))
+        config = gateway_config.replace(replicas=tuple(urls) + tuple(attached))
+        _announce(config)
+        run_gateway(config, supervisor.states)
     except KeyboardInterrupt:
         pass
     except ChatfleetError as err:
         _fail(err)
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         fleet.stop()
         signal.signal(signal.SIGTERM, previous)
 

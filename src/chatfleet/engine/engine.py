@@ -10,79 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from chatfleet.engine.config import EngineConfig, engine_memory
-from chatfleet.errors import KVIntegrityError
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.output_processor import OutputProcessor
-from chatfleet.engine.outputs import RequestOutput, RunnerOutput, TransferStats
+from chatfleet.engine.outputs import RequestOutput, RunnerOutput
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
-from chatfleet.errors import ConfigError, InvalidRequestError, RequestTooLongError
+from chatfleet.engine.stats import EngineStats, TransferTotals
+from chatfleet.errors import ConfigError, InvalidRequestError, KVIntegrityError, RequestTooLongError
 from chatfleet.plan.memory import MemoryBreakdown
 from chatfleet.plan.tensors import has_config_reader
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_usage: float  # blocks referenced by requests / total (0..1)
-    num_blocks: int
-    block_size: int
-    num_cached_blocks: int  # blocks holding a prefix hash (in use or not)
-    prefix_cache_queries: int  # tokens
-    prefix_cache_hits: int  # tokens
-    num_preemptions: int
-    num_evictions: int  # cached blocks reused for other content
-    prompt_tokens: int
-    generation_tokens: int
-    num_finished: int  # requests that finished with stop or length
-    # host tier (None without one)
-    host_num_blocks: int | None = None
-    host_num_cached_blocks: int | None = None
-    host_cache_queries: int | None = None  # tokens the device cache missed, looked up in host memory
-    host_cache_hits: int | None = None  # tokens found there
-    host_promotions: int | None = None  # blocks loaded host -> device
-    host_demotions: int | None = None  # blocks stored device -> host
-    host_demotions_skipped: int | None = None  # device evictions the host already held
-    host_demotions_dropped: int | None = None  # device evictions lost (every host block in flight)
-    host_evictions: int | None = None  # host blocks reused for other contents
-    kv_bytes_loaded: int | None = None
-    kv_bytes_stored: int | None = None
-    kv_seconds_loading: float | None = None
-    kv_seconds_storing: float | None = None
-
-    @property
-    def host_cache_misses(self) -> int | None:
-        if self.host_cache_queries is None or self.host_cache_hits is None:
-            return None
-        return self.host_cache_queries - self.host_cache_hits
-
-    @property
-    def host_usage(self) -> float | None:
-        if not self.host_num_blocks or self.host_num_cached_blocks is None:
-            return None
-        return self.host_num_cached_blocks / self.host_num_blocks
-
-
-@dataclass
-class _TransferTotals:
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    seconds_loading: float = 0.0
-    seconds_storing: float = 0.0
-
-    def add(self, s: TransferStats) -> None:
-        self.bytes_loaded += s.bytes_loaded
-        self.bytes_stored += s.bytes_stored
-        self.seconds_loading += s.seconds_loading
-        self.seconds_storing += s.seconds_storing
 
 
 class Engine:
@@ -112,6 +54,11 @@ class Engine:
             else:  # a model type the memory arithmetic does not know yet: the model's own spec
                 self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
                 self.pool_plan = config.cache.plan_pools(self.kv_spec)
+                log.info("%s", self.pool_plan.describe())
+            if len(self.kv_spec.groups) > 1 and config.cache.memory_bytes is not None:
+                # One block table serves every layer group: equal pools, memory split by bytes/token.
+                tokens = config.cache.memory_bytes // self.kv_spec.bytes_per_token
+                self.pool_plan = self.kv_spec.plan_pools(num_tokens=max(tokens, config.cache.block_size))
                 log.info("%s", self.pool_plan.describe())
             num_blocks = self.pool_plan.pools[0].num_blocks
             host_plan = config.cache.plan_host_pools(self.kv_spec)
@@ -160,7 +107,7 @@ class Engine:
             config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
             clock=clock,
         )
-        self._transfers = _TransferTotals()
+        self._transfers = TransferTotals()
         self.output_processor = OutputProcessor(tokenizer)
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -177,7 +124,8 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
                           kernels=config.kernels, quantization=config.quantization,
-                          embedding_dtype=config.embedding_dtype)
+                          embedding_dtype=config.embedding_dtype,
+                          language_model_only=config.language_model_only)
 
     # ---- requests -----------------------------------------------------------------------------
     @property

@@ -3,9 +3,11 @@
 A request holds a slot on its replica from admission until its response ends or its client
 leaves. When the replica is at its cap the request waits, at most ``max_wait_s``, in that
 replica's queue; returning turns of conversations in progress go before first turns (FIFO
-within each class). All replicas' queues together hold at most ``queue_size`` requests; beyond
-that a request is shed at once, except that a returning turn displaces the newest queued first
-turn. A replica that goes down hands its waiters back to be routed again.
+within each class). All replicas' queues together hold at most ``queue_size`` requests, of which
+at most ``max_queued_new`` first turns; beyond that a request is shed at once, except that a
+returning turn displaces the newest queued first turn. So above the caps new conversations are
+shed before the returning turns of conversations in progress. A replica that goes down hands
+its waiters back to be routed again.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class AdmissionDecision:
     outcome: Outcome
     replica: str
     waited_s: float
-    reason: str  # free_slot, dequeued, queue_full, wait_timeout, displaced, replica_down
+    reason: str  # free_slot, dequeued, queue_full, new_queue_full, wait_timeout, displaced, replica_down
     retry_after_s: float = 0.0
 
     @property
@@ -61,14 +63,17 @@ class _Slots:
 
 class AdmissionController:
     def __init__(self, caps: Mapping[str, int | None], *, queue_size: int, max_wait_s: float,
-                 retry_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_after_s: float, max_queued_new: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = {r: _Slots(cap=math.inf if c is None else c) for r, c in caps.items()}
         self.queue_size = queue_size
+        self.max_queued_new = queue_size if max_queued_new is None else max_queued_new
         self.max_wait_s = max_wait_s
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._seq = itertools.count()
         self.queued_total = 0
+        self.queued_new = 0  # first turns among them
 
     # -- state -------------------------------------------------------------------------------
     def cap(self, replica: str) -> float:
@@ -106,16 +111,19 @@ class AdmissionController:
             priority is Priority.RETURNING and self._displace_newest_first_turn()
         ):
             return self._shed(replica, 0.0, "queue_full")
+        if priority is Priority.FIRST and self.queued_new >= self.max_queued_new:
+            return self._shed(replica, 0.0, "new_queue_full")
         waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(slots.heap, waiter)
         slots.queued += 1
         self.queued_total += 1
+        self.queued_new += priority is Priority.FIRST
         try:
             await asyncio.wait((waiter.future,), timeout=deadline - start)
         finally:
             if not waiter.future.done():  # timed out, or our task was cancelled (client left)
                 waiter.future.cancel()
-                self._dequeued(slots)
+                self._dequeued(slots, waiter)
                 self._compact(slots)
             elif waiter.future.result() is Outcome.ADMITTED and asyncio.current_task().cancelling():
                 self.release(replica)  # granted just as the client left
@@ -139,7 +147,7 @@ class AdmissionController:
                 continue
             waiter.future.set_result(Outcome.ADMITTED)
             slots.in_flight += 1
-            self._dequeued(slots)
+            self._dequeued(slots, waiter)
 
     def drain(self, replica: str) -> int:
         """The replica went down: its waiters get REROUTE. Returns how many there were."""
@@ -148,7 +156,7 @@ class AdmissionController:
         for waiter in slots.heap:
             if not waiter.future.done():
                 waiter.future.set_result(Outcome.REROUTE)
-                self._dequeued(slots)
+                self._dequeued(slots, waiter)
                 count += 1
         slots.heap.clear()
         return count
@@ -157,9 +165,10 @@ class AdmissionController:
     def _shed(self, replica: str, waited: float, reason: str) -> AdmissionDecision:
         return AdmissionDecision(Outcome.SHED, replica, waited, reason, self.retry_after_s)
 
-    def _dequeued(self, slots: _Slots) -> None:
+    def _dequeued(self, slots: _Slots, waiter: _Waiter) -> None:
         slots.queued -= 1
         self.queued_total -= 1
+        self.queued_new -= waiter.priority == Priority.FIRST
 
     def _compact(self, slots: _Slots) -> None:
         if len(slots.heap) > 2 * slots.queued + 64:
@@ -177,5 +186,5 @@ class AdmissionController:
             return False
         waiter, slots = newest
         waiter.future.set_result(Outcome.SHED)
-        self._dequeued(slots)
+        self._dequeued(slots, waiter)
         return True

@@ -2,13 +2,16 @@
 
 Routes: ``POST /v1/chat/completions`` and ``/v1/completions`` (validated here, then proxied),
 ``GET /v1/models`` (models of the healthy replicas), ``GET /health`` (200 while some replica is
-healthy), ``GET /metrics`` (Prometheus) and ``GET /gateway/status`` (replica states as JSON).
+healthy), ``GET /metrics`` (Prometheus), ``GET /gateway/status`` (replica states as JSON) and
+``GET /openapi.json`` (see ``openapi.py``).
 The gateway's state and request handling live in ``service.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -18,14 +21,20 @@ from chatfleet.errors import NoHealthyReplicaError
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.jsonlog import configure_json_logging
 from chatfleet.gateway.metrics import CONTENT_TYPE
+from chatfleet.gateway.openapi import gateway_openapi
 from chatfleet.gateway.service import ENDPOINTS, Gateway
 from chatfleet.protocol.errors import install_exception_handlers
+
+if TYPE_CHECKING:
+    from chatfleet.gateway.supervisor import ProcessState
 
 __all__ = ["Gateway", "create_app", "run_gateway"]
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
-    gateway = Gateway(config)
+def create_app(config: GatewayConfig,
+               processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> FastAPI:
+    """The gateway app; ``processes`` reports the replica processes `serve` supervises."""
+    gateway = Gateway(config, processes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -35,8 +44,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="chatfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="chatfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.openapi = lambda: app.openapi_schema or _set_schema(app)
     app.state.gateway = gateway
     install_exception_handlers(app)
 
@@ -68,8 +77,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
     return app
 
 
-def run_gateway(config: GatewayConfig) -> None:
+def _set_schema(app: FastAPI) -> dict:
+    app.openapi_schema = gateway_openapi(app.title, app.version)
+    return app.openapi_schema
+
+
+def run_gateway(config: GatewayConfig,
+                processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> None:
     """Serve the gateway until SIGINT/SIGTERM."""
     configure_json_logging(config.log_level)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning",
+    uvicorn.run(create_app(config, processes), host=config.host, port=config.port, log_level="warning",
                 access_log=False, backlog=8192, timeout_keep_alive=30, lifespan="on")

@@ -88,6 +88,9 @@ class GatewayConfig:
     queue_size: int = 1024  # requests waiting, all replicas together
     max_queue_wait_s: float = 10.0
     retry_after_s: float = 1.0
+    max_queued_new: int | None = None  # first turns that may wait; None: half of queue_size
+    session_ttl_s: float = 600.0  # a key admitted this recently is a returning conversation
+    max_sessions: int = 100_000  # conversation keys remembered for that
     # Failover
     max_retries: int = 2  # further replicas tried before the first byte reaches the client
     health_interval_s: float = 2.0
@@ -96,12 +99,14 @@ class GatewayConfig:
     # Upstream calls
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0  # longest silence between two chunks
+    total_timeout_s: float | None = None  # whole upstream call, stream included; None: no limit
     pool_timeout_s: float = 30.0  # waiting for a free upstream connection, connecting included
     max_connections_per_replica: int = 4096
     upstream_api_key: str | None = None
     # Protection
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = 8 << 20
+    body_offload_bytes: int = 256 << 10  # larger bodies are validated in a worker process
     # Headers and logs
     request_id_header: str = "X-Request-ID"
     replica_header: str = "X-Chatfleet-Replica"
@@ -130,6 +135,15 @@ class GatewayConfig:
             raise ConfigError("max_in_flight must be >= 1 (or unset for no cap)")
         if self.queue_size < 0:
             raise ConfigError("queue_size must be >= 0")
+        if self.max_queued_new is not None and not 0 <= self.max_queued_new <= self.queue_size:
+            raise ConfigError(f"max_queued_new must be in 0..queue_size ({self.queue_size}), "
+                              f"got {self.max_queued_new}")
+        if not self.session_ttl_s > 0:
+            raise ConfigError("session_ttl_s must be > 0")
+        if self.max_sessions < 1:
+            raise ConfigError("max_sessions must be >= 1")
+        if self.total_timeout_s is not None and not self.total_timeout_s > 0:
+            raise ConfigError(f"total_timeout_s must be > 0 (or unset for no limit), got {self.total_timeout_s}")
         for name in ("max_queue_wait_s", "retry_after_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
@@ -145,10 +159,17 @@ class GatewayConfig:
             raise ConfigError("max_connections_per_replica must be >= 1")
         if self.max_body_bytes < 1:
             raise ConfigError("max_body_bytes must be >= 1")
+        if self.body_offload_bytes < 0:
+            raise ConfigError("body_offload_bytes must be >= 0")
         if any(not k for k in self.api_keys):
             raise ConfigError("api keys must not be empty strings")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
+
+    @property
+    def new_queue_limit(self) -> int:
+        """How many first turns may wait at once (returning turns may fill the rest)."""
+        return self.queue_size // 2 if self.max_queued_new is None else self.max_queued_new
 
     def cap_of(self, spec: ReplicaSpec) -> int | None:
         return spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight

@@ -1,7 +1,8 @@
 """Gateway metrics in Prometheus text format, one private registry per gateway.
 
 Per replica (label ``replica``): gauges ``chatfleet:gateway_in_flight``, ``_queued``, ``_cap``,
-``_replica_healthy``; counters ``chatfleet:gateway_requests_total``, ``_shed_total``,
+``_replica_healthy``; counters ``chatfleet:gateway_requests_total``, ``_shed_total`` (split in ``_shed_new_total`` and
+``_shed_returning_total``),
 ``_retried_total``, ``_affinity_kept_total``, ``_affinity_broken_total``,
 ``_stream_breaks_total``, ``_upstream_errors_total``, ``_marked_down_total``,
 ``_rejoined_total``; histograms ``chatfleet:gateway_time_to_first_token_seconds`` (first byte
@@ -30,6 +31,8 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 _COUNTER_HELP = {
     "requests": "Responses started, any status",
     "shed": "Requests answered 429 (queue full or wait too long)",
+    "shed_new": "First turns of new conversations answered 429",
+    "shed_returning": "Returning turns of conversations in progress answered 429",
     "retried": "Requests that failed on this replica before their first byte and were retried",
     "affinity_kept": "Keyed requests served by their home replica",
     "affinity_broken": "Keyed requests whose home is this replica, served elsewhere",

@@ -3,8 +3,10 @@
 ``ProxyResponse`` is an ASGI response that does all of it while listening for the client: a
 client that leaves, while queued or while streaming, cancels the work, which closes the upstream
 response (so the engine aborts the request and frees its KV blocks) and releases the slot.
-Failures before the first byte reaches the client (connect errors, timeouts, 5xx, a stream that
-breaks before its first event) are retried on another replica; a stream that breaks later ends
+Replica failures before the first byte reaches the client (connect errors, timeouts, a 5xx the
+replica marks as its own, a stream that breaks before its first event; see ``faults.py``) and
+busy replies (503) are retried on another replica; a reply about the request itself (4xx, or a
+5xx the replica does not mark as its own) is passed on as it is; a stream that breaks later ends
 with an SSE error event and a clean close. Every request ends with a reply or an explicit error.
 """
 
@@ -20,6 +22,7 @@ import aiohttp
 
 from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError)
 from chatfleet.gateway.admission import Outcome, Priority
+from chatfleet.gateway.faults import Verdict, classify
 from chatfleet.gateway.routing import Affinity, RoutingDecision
 from chatfleet.gateway.session import SessionKey
 from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
@@ -31,8 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("chatfleet.gateway")
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)  # read timeouts raise TimeoutError subclasses
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
-NOT_A_FAILURE = frozenset({503})  # an overloaded replica is alive: retry elsewhere, keep it routable
 PASS_HEADERS = ("content-type", "content-encoding")
 
 
@@ -80,6 +81,8 @@ class ProxyResponse:
         self.queue_wait = 0.0
         self.ttft: float | None = None
         self.outcome = "started"
+        self.returning = False
+        self.error: str | None = None  # what went wrong upstream, for the log
 
     # -- ASGI --------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -126,13 +129,15 @@ class ProxyResponse:
 
     async def _run(self, send: Any) -> None:
         gw, call = self.gw, self.call
-        priority = Priority.RETURNING if call.session.returning else Priority.FIRST
+        returning = gw.sessions_seen.is_returning(call.session.key)
+        priority = Priority.RETURNING if returning else Priority.FIRST
+        self.returning = returning
         deadline = call.arrival + gw.config.max_queue_wait_s
         tried: set[str] = set()
         last: _Failure | None = None
         while True:
             candidates = [url for url in gw.replicas.healthy() if url not in tried]
-            if not candidates or self.attempts > gw.config.max_retries:
+            if not candidates or self.attempts > gw.config.max_retries or self._past_total_timeout():
                 return await self._give_up(send, last, tried)
             full = [url for url in candidates if gw.admission.is_full(url)]
             decision = gw.router.route(call.session.key, candidates, gw.admission.loads(), full)
@@ -143,12 +148,17 @@ class ProxyResponse:
             replica = gw.replicas[decision.replica]
             if admission.outcome is Outcome.SHED:
                 replica.stats.shed += 1
+                if returning:
+                    replica.stats.shed_returning += 1
+                else:
+                    replica.stats.shed_new += 1
                 self.replica, self.outcome = decision.replica, f"shed:{admission.reason}"
                 gw.metrics.observe_queue_wait(decision.replica, admission.waited_s)
                 return await self._send_error(send, RateLimitError(
                     self._shed_message(decision.replica, admission.reason),
                     retry_after_s=admission.retry_after_s))
             gw.metrics.observe_queue_wait(decision.replica, admission.waited_s)
+            gw.sessions_seen.admitted(call.session.key)
             self.attempts += 1
             try:
                 result = await self._attempt(decision.replica)
@@ -172,7 +182,7 @@ class ProxyResponse:
             response = await self.gw.sessions[url].post(url + self.call.path, data=self.call.body,
                                                         headers=self.call.headers)
         except UPSTREAM_ERRORS as exc:
-            return _Failure(_describe(exc), replica_fault=True)
+            return _Failure(_describe(exc), replica_fault=not self._past_total_timeout())
         whole = not (self.call.stream and response.status == 200
                      and response.content_type == "text/event-stream")
         chunks = response.content.iter_any()
@@ -180,15 +190,19 @@ class ProxyResponse:
             first = await response.read() if whole else await anext(chunks, b"")
         except UPSTREAM_ERRORS as exc:
             response.close()
-            return _Failure(f"{url} broke before its first byte: {_describe(exc)}", True)
+            return _Failure(f"{url} broke before its first byte: {_describe(exc)}",
+                            replica_fault=not self._past_total_timeout())
         except BaseException:  # the client left during prefill: the replica must see it now
             response.close()
             raise
-        if response.status in RETRY_STATUSES:
+        verdict = classify(response.status, first) if whole else Verdict.ANSWER
+        if verdict is not Verdict.ANSWER:
             response.close()
             return _Failure(f"{url} answered {response.status}",
-                            replica_fault=response.status not in NOT_A_FAILURE,
+                            replica_fault=verdict is Verdict.FAILURE,
                             response=(response.status, self._headers_of(response), first))
+        if response.status >= 500:  # about this request, says the replica: check it anyway
+            self.gw.replicas.check_soon(url)
         if not whole and not first:
             response.close()
             return _Failure(f"{url} closed the stream before its first event", replica_fault=True)
@@ -226,11 +240,18 @@ class ProxyResponse:
                     error = "the replica's stream ended inside an event"
             except UPSTREAM_ERRORS as exc:
                 error = _describe(exc)
-            if error:
+            if error and self._past_total_timeout():  # our deadline, not the replica's fault
+                self.outcome, self.error = "total_timeout", error
+                exc = UpstreamError(f"the reply took longer than the gateway's total timeout of "
+                                    f"{gw.config.total_timeout_s:g} s; it is incomplete", code="timeout")
+                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                            "more_body": True})
+            elif error:
                 self.outcome = "stream_broken"
                 stats.stream_breaks += 1
                 gw.replicas.record_failure(url, error)
-                exc = UpstreamError(f"replica {url} failed mid-stream: {error}")
+                self.error = error
+                exc = UpstreamError("the replica failed mid-stream; the reply is incomplete")
                 await send({"type": "http.response.body", "body": error_event(exc) + DONE,
                             "more_body": True})
             elif self.outcome == "started":
@@ -239,6 +260,10 @@ class ProxyResponse:
         finally:
             response.close()  # a no-op once read to the end; else the replica sees the client leave
             gw.metrics.observe_latency(url, time.monotonic() - self.call.arrival)
+
+    def _past_total_timeout(self) -> bool:
+        total = self.gw.config.total_timeout_s
+        return total is not None and time.monotonic() - self.call.arrival >= total * 0.99
 
     def _first_byte(self, url: str) -> None:
         self.ttft = time.monotonic() - self.call.arrival
@@ -254,8 +279,9 @@ class ProxyResponse:
             return
         if last is not None:
             self.outcome = "upstream_error"
+            self.error = last.error  # to the log, with the request id; never to the client
             exc: ChatfleetError = UpstreamError(
-                f"no replica could serve the request ({len(tried)} tried); last error: {last.error}")
+                f"no replica could serve the request ({len(tried)} tried); retry later")
         else:
             self.outcome = "no_healthy_replica"
             exc = NoHealthyReplicaError("no healthy replica is available; retry later")
@@ -279,11 +305,14 @@ class ProxyResponse:
         cap = self.gw.admission.cap(url)
         if reason == "queue_full":
             why = f"the queue is full ({self.gw.config.queue_size} waiting)"
+        elif reason == "new_queue_full":
+            why = (f"{self.gw.admission.max_queued_new} new conversations already wait "
+                   "(conversations in progress go first)")
         elif reason == "displaced":
             why = "a returning conversation took its place in the queue"
         else:
             why = f"no slot freed within {self.gw.config.max_queue_wait_s:g} s"
-        return f"over capacity: replica {url} holds its cap of {cap:g} requests and {why}; retry later"
+        return f"over capacity: the replica for this request holds its cap of {cap:g} requests and {why}; retry later"
 
     @staticmethod
     def _headers_of(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
@@ -305,9 +334,9 @@ class ProxyResponse:
             "request_id": self.call.request_id, "path": self.call.path, "stream": self.call.stream,
             "status": self.status, "outcome": self.outcome, "replica": self.replica,
             "attempts": self.attempts, "session_source": self.call.session.source.value,
-            "returning": self.call.session.returning,
+            "returning": self.returning,
             "affinity": decision.affinity.value if decision else None,
             "queue_wait_ms": round(self.queue_wait * 1e3, 3),
             "ttft_ms": None if self.ttft is None else round(self.ttft * 1e3, 3),
-            "duration_ms": round((now - self.call.arrival) * 1e3, 3),
+            "duration_ms": round((now - self.call.arrival) * 1e3, 3), "error": self.error,
         })

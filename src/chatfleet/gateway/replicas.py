@@ -27,6 +27,8 @@ class ReplicaStats:
     requests: int = 0  # responses started (any status)
     retried: int = 0  # requests that failed here before their first byte and went elsewhere
     shed: int = 0  # 429s for requests routed here
+    shed_new: int = 0  # ... of them first turns of new conversations
+    shed_returning: int = 0  # ... of them returning turns of conversations in progress
     affinity_kept: int = 0
     affinity_broken: int = 0  # sessions whose home is this replica, served elsewhere
     stream_breaks: int = 0  # streams that broke after the first byte
@@ -59,6 +61,7 @@ class ReplicaSet:
         self._headers = headers or {}
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task | None = None
+        self._soon: dict[str, asyncio.Task] = {}  # extra health checks asked for, one per replica
 
     @property
     def urls(self) -> list[str]:
@@ -128,6 +131,20 @@ class ReplicaSet:
         except (httpx.HTTPError, ValueError, AttributeError):
             pass  # models are a convenience; health decides routing
 
+    def check_soon(self, url: str) -> None:
+        """Check ``url``'s health now, off the request path (at most one extra check at a time)."""
+        if self._client is None or url in self._soon:
+            return
+        task = asyncio.get_running_loop().create_task(self._check_quietly(url))
+        self._soon[url] = task
+        task.add_done_callback(lambda _: self._soon.pop(url, None))
+
+    async def _check_quietly(self, url: str) -> None:
+        try:
+            await self.check(url)
+        except Exception:  # the periodic checks go on regardless
+            log.exception("health check of %s failed", url)
+
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(url) for url in self.replicas))
 
@@ -153,6 +170,9 @@ class ReplicaSet:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        for task in list(self._soon.values()):
+            task.cancel()
+        await asyncio.gather(*self._soon.values(), return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
             self._client = None

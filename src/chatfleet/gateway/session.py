@@ -1,4 +1,5 @@
-"""The conversation key a request is routed by, and whether it is a returning turn.
+"""The conversation key a request is routed by (whether it is a returning turn is the
+``SessionTracker``'s call: a key seen within its TTL).
 
 Order of sources: the session header (``X-Session-ID`` by default), then the request's ``user``
 field, then the stable start of a chat: its leading system/developer messages *and* its first
@@ -29,7 +30,6 @@ class KeySource(str, enum.Enum):
 class SessionKey:
     key: str | None  # None: no affinity, route by load alone
     source: KeySource
-    returning: bool  # a later turn of a conversation already in progress
 
 
 def _canonical(content: Any) -> Any:
@@ -52,37 +52,28 @@ def conversation_start(messages: list[Any]) -> list[Any] | None:
     return None
 
 
-def is_returning_turn(messages: list[Any]) -> bool:
-    """True once the chat holds an assistant reply after its first user message."""
-    seen_user = False
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        role = message.get("role")
-        if role == "user":
-            seen_user = True
-        elif seen_user and role in ("assistant", "tool"):
-            return True
-    return False
-
-
 def digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    # surrogatepass: a lone surrogate ("\ud800", valid JSON) is client input, not a crash
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def session_of(body: Mapping[str, Any], headers: Mapping[str, str], header_name: str) -> SessionKey:
-    """Session key of a chat or completion request body (already parsed JSON)."""
-    messages = body.get("messages")
-    returning = is_returning_turn(messages) if isinstance(messages, list) else False
-    value = headers.get(header_name)
-    if value:
-        return SessionKey(value, KeySource.HEADER, returning)
+def body_session(body: Mapping[str, Any]) -> SessionKey:
+    """Session key from a parsed request body alone: its ``user``, else its conversation start."""
     user = body.get("user")
     if isinstance(user, str) and user:
-        return SessionKey(user, KeySource.USER, returning)
+        return SessionKey(user, KeySource.USER)
+    messages = body.get("messages")
     if isinstance(messages, list):
         start = conversation_start(messages)
         if start is not None:
             text = json.dumps(start, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            return SessionKey("conv:" + digest(text), KeySource.CONVERSATION, returning)
-    return SessionKey(None, KeySource.NONE, returning)
+            return SessionKey("conv:" + digest(text), KeySource.CONVERSATION)
+    return SessionKey(None, KeySource.NONE)
+
+
+def session_of(body: Mapping[str, Any], headers: Mapping[str, str], header_name: str) -> SessionKey:
+    """Session key of a chat or completion request: the session header, else ``body_session``."""
+    value = headers.get(header_name)
+    if value:
+        return SessionKey(value, KeySource.HEADER)
+    return body_session(body)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,23 +240,37 @@ def cache_root() -> Path:
 
 
 def builtin_names() -> list[str]:
-    """Names ``resolve_model`` builds: each size, and each size as an FP8 checkpoint."""
+    """Names ``resolve_model`` builds: each size, each size as an FP8 checkpoint, and Gemma 4
+    (``tiny_gemma4``: ``{tiny,small}-gemma4[-moe][-mm]``)."""
     return [*SIZES, *(f"{s}{FP8_SUFFIX}" for s in SIZES)]
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """``"tiny"``/``"small"`` (``"-fp8"``: block-wise FP8 checkpoints of the same weights): build
-    once into the cache (safe across processes); else a local folder."""
-    name = str(name_or_path)
+def _named_builder(name: str) -> Callable[[Path], Path] | None:
+    """How to build a built-in model name, else None."""
     if name in builtin_names():
         size = name.removesuffix(FP8_SUFFIX)
+        return lambda out: build_tiny_model(out, size=size, seed=0,
+                                            fp8=FP8WeightFormat() if name != size else None)
+    from chatfleet.models.tiny_gemma4 import build_named, is_gemma4_name
+
+    if is_gemma4_name(name):
+        return lambda out: build_named(name, out, seed=0)
+    return None
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
+    """A built-in name (``tiny``, ``small``, ``tiny-fp8``, ``tiny-gemma4``, ``small-gemma4-moe``, ...):
+    build once into the cache (safe across processes); else a local folder."""
+    name = str(name_or_path)
+    builder = _named_builder(name)
+    if builder is not None:
         target = cache_root() / "models" / f"{name}-{CACHE_VERSION}"
         if (target / "config.json").is_file():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
-            build_tiny_model(tmp, size=size, seed=0, fp8=FP8WeightFormat() if name != size else None)
+            builder(tmp)
             try:
                 os.rename(tmp, target)  # atomic; loses harmlessly to a concurrent builder
             except OSError:
@@ -268,7 +283,7 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise ConfigError(
             f"model {name!r} is not a local folder; use a Hugging Face model folder or one of: "
-            f"{', '.join(builtin_names())}"
+            f"{', '.join(builtin_names())}, {{tiny,small}}-gemma4[-moe][-mm]"
         )
     if not (path / "config.json").is_file():
         raise ConfigError(f"model folder {str(path)!r} has no config.json")

@@ -137,6 +137,7 @@ class SamplingFields(_Wire):
     ignore_eos: bool = False  # extension
     include_stop_str_in_output: bool = False  # extension
     cache_salt: str | None = Field(default=None, max_length=MAX_ID_CHARS)  # extension: prefix-cache key
+    return_tokens_as_token_ids: bool = False  # extension: logprob tokens as "token_id:N"
 
     @field_validator("logit_bias")
     @classmethod
@@ -367,6 +368,7 @@ class ModelCard(_Out):
     owned_by: str = "chatfleet"
     root: str | None = None
     max_model_len: int | None = None
+    kv_cache_tokens: int | None = None  # tokens of context the engine's KV pool holds
 
 
 class ModelList(_Out):

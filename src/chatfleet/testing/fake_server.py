@@ -148,7 +148,7 @@ class FakeServer:
         try:
             body = json.loads(raw or b"{}")
             words = _prompt_words(body, chat=path == "/v1/chat/completions")
-            tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens)
+            tokens = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens), 100_000)
             interval = float(body.get("fake_interval_s", b.interval_s))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return await _reply(send, 400, json.dumps({"error": {

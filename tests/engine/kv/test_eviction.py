@@ -4,7 +4,7 @@ import pytest
 
 from chatfleet.engine.kv.block import BlockHint, KVBlock
 from chatfleet.engine.kv.eviction import EVICTION_POLICIES, make_eviction_policy
-from chatfleet.engine.kv.session_eviction import PauseModel
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import ConfigError
 
 
@@ -46,16 +46,17 @@ def test_lfu_evicts_fewest_uses_first_then_oldest():
 
 
 def trained(clock, gap=60.0, sessions=10, turns=3):
-    p = make_eviction_policy("session", clock)
+    pauses = SessionPauses()
+    p = make_eviction_policy("session", clock, pauses)
     t = 0.0
     for s in range(sessions):  # every session pauses `gap` seconds between turns
         name = f"train{s}"
-        p.note_turn(name, t)
+        pauses.note_turn(name, t)
         for _ in range(turns - 1):
-            p.add(KVBlock(10_000 + s), hint(name, t))
-            p.remove(KVBlock(10_000 + s))
+            p.add(KVBlock(10_000 + s), hint(name, t))  # its turn ends: its blocks are released
+            p.remove(KVBlock(10_000 + s))  # and revived by its next turn
             t += gap
-            p.note_turn(name, t)
+            pauses.note_turn(name, t)
     return p, t
 
 
@@ -98,10 +99,30 @@ def test_session_policy_evicts_a_sessions_blocks_tail_first_and_handles_revival(
 
 
 def test_pause_model_reuse_probability_shape():
-    m = PauseModel(prior_median=60.0, prior_sigma=0.3, prior_weight=100)
+    m = SessionPauses(prior_median=60.0, prior_sigma=0.3, prior_weight=100)
     for _ in range(50):
-        m.observe_turn(None)
-        m.observe_turn(60.0)
+        m.observe_gap(None)
+        m.observe_gap(60.0)
     soon, due, gone = (m.reuse_probability(t, m.median) for t in (1.0, 55.0, 5000.0))
     assert due > soon > gone >= 0.0
     assert m.reuse_probability(1.0, m.median, sharing=4) > soon
+
+
+def test_both_pools_share_one_pause_model_learned_from_turns():
+    from chatfleet.engine.kv.manager import KVManager
+    from chatfleet.engine.request import Request, SamplingParams
+
+    now = [0.0]
+    kv = KVManager(8, 4, eviction_policy="session", num_host_blocks=8, host_eviction_policy="session",
+                   clock=lambda: now[0])
+    assert kv.pool._evictable.model is kv.pauses is kv.host_pool._evictable.model
+    for turn in range(3):
+        r = Request(f"t{turn}", list(range(9 + turn)), SamplingParams(max_tokens=1), session_id="s")
+        kv.allocate(r, r.num_tokens, prefix=kv.match_prefix(r))
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_computed(r)
+        now[0] += 1.0
+        kv.free(r.request_id)  # the turn ends
+        now[0] += 40.0  # the user pauses
+    assert kv.pauses.turns == 3 and kv.pauses.returns == 2
+    assert kv.pauses.last_end("s") == 83.0  # the last release

@@ -27,7 +27,7 @@ def make_engine(num_blocks, num_host_blocks=0, **cache):
 
 def run(engine, rid, prompt, session=None):
     engine.add_request(rid, prompt, PARAMS, session_id=session)
-    out, cached, plans = [], None, []
+    out, cached = [], None
     while engine.has_unfinished_requests():
         for o in engine.step():
             out += o.new_token_ids

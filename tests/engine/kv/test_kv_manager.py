@@ -177,7 +177,7 @@ def test_free_unknown_request_is_noop():
 
 
 def test_a_waiting_request_is_hashed_once_not_every_step(monkeypatch):
-    import chatfleet.engine.kv.block as block
+    from chatfleet.engine.kv import block
 
     calls = []
     real = block.hash_block

@@ -25,3 +25,17 @@ def test_store_then_load_round_trips_every_layer():
         assert torch.equal(c.key[:, 2], k[:, 1]) and torch.equal(c.value[:, 2], v[:, 1])
         assert torch.equal(c.key[:, 5], k[:, 7]) and torch.equal(c.value[:, 5], v[:, 7])
         assert torch.equal(c.key[:, 0], k[:, 0])  # untouched blocks stay
+
+
+def test_fp8_cache_blocks_move_as_bytes():
+    from chatfleet.engine.models.kv_cache import FP8
+
+    torch.manual_seed(1)
+    caches = [KVCache(torch.randn(2, 6, 4, 3).to(FP8), torch.randn(2, 6, 4, 3).to(FP8), 0.5, 0.25)]
+    want_k, want_v = caches[0].key[:, 4].float().clone(), caches[0].value[:, 4].float().clone()
+    tier = HostKVTransfer(caches, num_host_blocks=2)
+    assert tier.bytes_per_block == 2 * 2 * 4 * 3  # one byte per element
+    tier.execute([KVTransfer(TransferDirection.STORE, (4,), (1,))])
+    tier.execute([KVTransfer(TransferDirection.LOAD, (0,), (1,))])
+    assert caches[0].key.dtype == FP8
+    assert torch.equal(caches[0].key[:, 0].float(), want_k) and torch.equal(caches[0].value[:, 0].float(), want_v)

@@ -87,6 +87,17 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def memory(self) -> Any:
+        """The engine's start-up memory breakdown (``plan/memory.MemoryBreakdown``), or None."""
+        return getattr(self.engine, "memory", None)
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the device KV pool holds."""
+        kv = getattr(self.engine, "kv", None)
+        return getattr(kv, "total_tokens", None)
+
+    @property
     def max_request_tokens(self) -> int:
         """Most prompt + max_tokens one request may hold (context length and KV pool bound)."""
         return getattr(self.engine, "max_request_tokens", self.engine.max_model_len)

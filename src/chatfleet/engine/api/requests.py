@@ -16,6 +16,7 @@ from fastapi import Request
 from starlette.responses import Response, StreamingResponse
 
 from chatfleet.engine.api.async_engine import AsyncEngine
+from chatfleet.engine.api.memory_metrics import MemoryCollector
 from chatfleet.engine.api.metrics import RequestTimer, ServerMetrics
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
@@ -56,6 +57,8 @@ class ServerState:
         self.model_name = engine.model_name
         self.names = {engine.model_name, *model_aliases}
         self.metrics = ServerMetrics(engine.model_name)
+        if engine.memory is not None:  # the start-up memory breakdown, as gauges
+            self.metrics.registry.register(MemoryCollector(engine.model_name, engine.memory))
         engine.on_first_scheduled = self.metrics.queue_time.observe
         self.open_requests = 0
 

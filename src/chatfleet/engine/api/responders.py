@@ -58,7 +58,8 @@ async def chat_response(
             text.append(out.new_text)
             lps += out.logprobs or []
             last = out
-    logprobs = chat_logprobs(TokenText(ctx.tokenizer), lps, req.top_logprobs or 0) if req.logprobs else None
+    text_of = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
+    logprobs = chat_logprobs(text_of, lps, req.top_logprobs or 0) if req.logprobs else None
     choice = ChatCompletionChoice(
         message=ChatResponseMessage(content="".join(text)),
         logprobs=logprobs,
@@ -74,7 +75,7 @@ async def chat_stream(
     ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[bytes]:
     """SSE events: a role chunk, content chunks, the finish chunk, then usage if asked, [DONE]."""
-    text = TokenText(ctx.tokenizer)
+    text = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
     continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
 
     def chunk(choices: list[ChatCompletionChunkChoice], usage=None) -> bytes:
@@ -121,7 +122,7 @@ class _CompletionPieces:
         self.req = req
         self.prompt = prompt
         self.drop_generated = req.max_tokens == 0
-        self.lp = (CompletionLogprobsBuilder(TokenText(ctx.tokenizer), req.logprobs)
+        self.lp = (CompletionLogprobsBuilder(TokenText(ctx.tokenizer, req.return_tokens_as_token_ids), req.logprobs)
                    if req.logprobs is not None else None)
         self.first = True
 

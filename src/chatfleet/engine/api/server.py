@@ -161,7 +161,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         return await cancel_on_disconnect(request, handle())
 
     def model_card() -> ModelCard:
-        return ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len)
+        return ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len,
+                         kv_cache_tokens=engine.kv_cache_tokens)
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models() -> dict[str, Any]:

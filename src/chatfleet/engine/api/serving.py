@@ -139,10 +139,16 @@ def usage_of(out: RequestOutput | None, *, num_output_tokens: int | None = None)
 
 
 class TokenText:
-    """Decoded text of single tokens, memoized per request (logprob listings repeat tokens)."""
+    """Decoded text of single tokens, memoized per request (logprob listings repeat tokens).
 
-    def __init__(self, tokenizer: Any) -> None:
+    ``as_ids``: each token is written ``token_id:N`` instead (vLLM's return_tokens_as_token_ids),
+    so a client gets the exact ids, e.g. to score a reply token by token.
+    """
+
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self._text = getattr(tokenizer, "token_text", None) or (lambda t: tokenizer.decode([t]))
+        if as_ids:
+            self._text = "token_id:{}".format
         self._memo: dict[int, str] = {}
 
     def __call__(self, token_id: int) -> str:

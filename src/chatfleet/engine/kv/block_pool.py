@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from chatfleet.engine.kv.block import BlockHash, BlockHint, KVBlock
 from chatfleet.engine.kv.eviction import make_eviction_policy
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import ChatfleetError, KVIntegrityError
 
 __all__ = ["BlockHash", "BlockPool", "Eviction", "KVBlock", "KVIntegrityError"]
@@ -46,6 +47,7 @@ class BlockPool:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_evict: Callable[[Eviction], None] | None = None,
+        pauses: SessionPauses | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ChatfleetError(f"a block pool needs at least one block, got {num_blocks}")
@@ -53,7 +55,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: deque[KVBlock] = deque(self.blocks)
         self._clock = clock
-        self._evictable = make_eviction_policy(eviction_policy, clock)
+        self._evictable = make_eviction_policy(eviction_policy, clock, pauses)
         self.on_evict = on_evict
         self._index: dict[int, KVBlock] = {}
         self._num_used = 0
@@ -131,10 +133,6 @@ class BlockPool:
                     self._free.append(block)
                 else:
                     self._evictable.add(block, block.hint())
-
-    def note_turn(self, session_id: str, now: float) -> None:
-        """A request of ``session_id`` arrived (policies that learn pauses listen)."""
-        self._evictable.note_turn(session_id, now)
 
     # ---- hash index ---------------------------------------------------------------------------
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:

@@ -3,9 +3,10 @@
 A policy holds the cached blocks nobody references. The pool ``add``s a block (with its
 ``BlockHint``: session, last use on the injected clock, sharing history) when its last
 reference goes, ``remove``s it when a prefix-cache hit revives it, and ``pop``s a victim when
-it needs memory. The manager tells policies when a session starts a turn (``note_turn``), so a
-policy may learn how long conversations pause. The device and the host pool each have one,
-built by name from one registry (``CacheConfig.eviction_policy`` / ``host_eviction_policy``):
+it needs memory. A policy is built with the clock and the engine's ``SessionPauses`` (how long
+conversations pause, learned from their turns; ``pauses.py``). The device and the host pool
+each have one, built by name from one registry (``CacheConfig.eviction_policy`` /
+``host_eviction_policy``):
 
 - ``lru`` (stock): least recently released first.
 - ``lfu``: fewest uses first, least recently released among equals.
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from chatfleet.engine.kv.block import BlockHint, KVBlock
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import KVIntegrityError
 from chatfleet.registry import Registry
 
@@ -34,7 +36,6 @@ class EvictionPolicy(Protocol):
     def add(self, block: KVBlock, hint: BlockHint) -> None: ...
     def remove(self, block: KVBlock) -> None: ...
     def pop(self) -> KVBlock: ...
-    def note_turn(self, session_id: str, now: float) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[KVBlock]: ...
 
@@ -49,7 +50,7 @@ class LRUEviction:
 
     name = "lru"
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._queue: OrderedDict[int, KVBlock] = OrderedDict()
 
     def add(self, block: KVBlock, hint: BlockHint) -> None:
@@ -60,9 +61,6 @@ class LRUEviction:
 
     def pop(self) -> KVBlock:
         return self._queue.popitem(last=False)[1]
-
-    def note_turn(self, session_id: str, now: float) -> None:
-        pass
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -80,7 +78,7 @@ class LFUEviction:
 
     name = "lfu"
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._heap: list[tuple[int, int, KVBlock]] = []
         self._live: dict[int, int] = {}  # block id -> sequence number of its live heap entry
         self._seq = itertools.count()
@@ -104,9 +102,6 @@ class LFUEviction:
                 return block
         raise KVIntegrityError("lfu: pop from an empty policy")
 
-    def note_turn(self, session_id: str, now: float) -> None:
-        pass
-
     def __len__(self) -> int:
         return len(self._live)
 
@@ -114,8 +109,9 @@ class LFUEviction:
         return (b for _, seq, b in self._heap if self._live.get(b.block_id) == seq)
 
 
-def make_eviction_policy(name: str, clock: Clock = time.monotonic) -> EvictionPolicy:
-    return EVICTION_POLICIES.make(name, clock=clock)
+def make_eviction_policy(name: str, clock: Clock = time.monotonic,
+                         pauses: SessionPauses | None = None) -> EvictionPolicy:
+    return EVICTION_POLICIES.make(name, clock=clock, pauses=pauses)
 
 
 # Registers "session" (its own module: the pause model and grouped heap).

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
 from chatfleet.engine.kv.block_pool import BlockPool, Eviction
 from chatfleet.engine.kv.host_tier import HostTier
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.engine.kv.prefix_cache import NO_MATCH, MatchResult, PrefixCache
 from chatfleet.engine.outputs import KVTransfer
 from chatfleet.engine.request import Request
@@ -63,10 +64,12 @@ class KVManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.clock = clock
-        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict)
+        self.pauses = SessionPauses()  # shared by both pools' eviction policies
+        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict,
+                              pauses=self.pauses)
         self.host: HostTier | None = None
         if num_host_blocks > 0 and enable_prefix_caching:
-            self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock))
+            self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock, pauses=self.pauses))
         self.prefix_cache = PrefixCache(
             self.pool, block_size, enabled=enable_prefix_caching,
             host_pool=self.host.pool if self.host is not None else None,
@@ -139,10 +142,7 @@ class KVManager:
         if state is None:
             state = self._requests[request.request_id] = _RequestKV()
             if session is not None and request.num_preemptions == 0:
-                now = self.clock()
-                self.pool.note_turn(session, now)
-                if self.host is not None:
-                    self.host.pool.note_turn(session, now)
+                self.pauses.note_turn(session, self.clock())
         if prefix is not None and self.uses_prefix_cache(request):
             self.prefix_cache.record(request.num_tokens, num_hit * self.block_size,
                                      len(host_blocks) * self.block_size)

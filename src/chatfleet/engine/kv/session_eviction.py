@@ -19,11 +19,13 @@ value is the probability that it is reused within a horizon ``H``:
   ``t`` the time since its last release.
 - Blocks without a session id are treated like a one-session block timed by their own release.
 
-The pause model is learned online from the gaps this policy observes (``note_turn``: a turn of
-a session starts ``gap`` after its previous one ended): a lognormal fitted by the running mean
-and variance of ``log(gap)`` (a weak prior of median 30 s, sigma 1 counts as two observations);
-``p = (returns + 1) / (turns + 2)``; ``H`` is the median pause. Among blocks of equal value the
-least recently released goes first; a session's blocks go tail first (released in that order).
+The pause model (``pauses.py``: lognormal pauses and a continuation probability ``p``, learned
+online from the gaps between a session's turns) is shared by the device and the host pool's
+policies. ``H`` is a tenth of the median pause: short, so ``v`` follows the hazard of return
+(the chance of a hit soon per unit of memory held, as in hit-density eviction) rather than "ever
+again", which a just-finished session would win (with ``H`` = the median, the policy ranked
+much like LRU on multi-session replays). Among blocks of equal value the least recently
+released goes first; a session's blocks go tail first (released in that order).
 
 Cost: blocks are kept in groups (one per session, one per sharing level, one for blocks without
 a session) in release order; a heap orders groups by value, with values refreshed all at once
@@ -42,74 +44,25 @@ from collections.abc import Callable, Hashable, Iterator
 
 from chatfleet.engine.kv.block import BlockHint, KVBlock
 from chatfleet.engine.kv.eviction import EVICTION_POLICIES
+from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import KVIntegrityError
 
-_MAX_SESSIONS = 1 << 16  # remembered turn ends (oldest forgotten first)
 _MAX_SHARING = 8  # sharing levels beyond this are one group
-
-
-class PauseModel:
-    """Lognormal pauses between turns of a session, plus the chance that a session continues."""
-
-    def __init__(self, prior_median: float = 30.0, prior_sigma: float = 1.0, prior_weight: float = 2.0) -> None:
-        self._n = prior_weight
-        self._mean = math.log(prior_median)
-        self._m2 = prior_sigma**2 * prior_weight
-        self.turns = 0
-        self.returns = 0
-
-    def observe_turn(self, gap: float | None) -> None:
-        """A turn started; ``gap`` seconds after the session's previous turn (None: a new session)."""
-        self.turns += 1
-        if gap is None:
-            return
-        self.returns += 1
-        x = math.log(max(gap, 1e-3))
-        self._n += 1
-        delta = x - self._mean
-        self._mean += delta / self._n
-        self._m2 += delta * (x - self._mean)
-
-    @property
-    def mu(self) -> float:
-        return self._mean
-
-    @property
-    def sigma(self) -> float:
-        return max(math.sqrt(self._m2 / self._n), 0.05)
-
-    @property
-    def median(self) -> float:
-        return math.exp(self._mean)
-
-    @property
-    def p_continue(self) -> float:
-        return (self.returns + 1) / (self.turns + 2)
-
-    def survival(self, t: float) -> float:
-        if t <= 0:
-            return 1.0
-        return 0.5 * math.erfc((math.log(t) - self._mean) / (self.sigma * math.sqrt(2.0)))
-
-    def reuse_probability(self, elapsed: float, horizon: float, sharing: int = 1) -> float:
-        p, s = self.p_continue, self.survival(elapsed)
-        alive = p * s + (1.0 - p)
-        v = p * (s - self.survival(elapsed + horizon)) / alive if alive > 0 else 0.0
-        return v if sharing <= 1 else 1.0 - (1.0 - v) ** sharing
 
 
 @EVICTION_POLICIES.register("session")
 class SessionEviction:
     name = "session"
+    horizon_fraction = 0.1  # H as a fraction of the median pause (see the module docstring)
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, refresh_seconds: float = 0.25) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, pauses: SessionPauses | None = None,
+                 refresh_seconds: float = 0.25) -> None:
         self._clock = clock
         self.refresh_seconds = refresh_seconds
-        self.model = PauseModel()
+        self.model = pauses if pauses is not None else SessionPauses()
         self._groups: dict[Hashable, OrderedDict[int, KVBlock]] = {}
         self._group_of: dict[int, Hashable] = {}  # block id -> group key
         self._time_of: dict[int, float] = {}  # block id -> last release (shared/anonymous groups)
-        self._last_end: OrderedDict[str, float] = OrderedDict()  # session -> last turn's end
         self._heap: list[tuple[float, int, Hashable]] = []
         self._valid: dict[Hashable, int] = {}  # group key -> sequence number of its live entry
         self._seq = itertools.count()
@@ -119,12 +72,13 @@ class SessionEviction:
     def _value(self, key: Hashable, now: float) -> float:
         group = self._groups[key]
         if isinstance(key, str):  # one session's own blocks
-            elapsed = now - self._last_end.get(key, now)
+            last = self.model.last_end(key)
+            elapsed = now - (now if last is None else last)
             sharing = 1
         else:  # ("shared", k) or ("anon",): timed by the next victim's release
             elapsed = now - self._time_of[next(iter(group))]
             sharing = key[1] if key[0] == "shared" else 1
-        return self.model.reuse_probability(elapsed, self.model.median, sharing)
+        return self.model.reuse_probability(elapsed, self.horizon_fraction * self.model.median, sharing)
 
     def _push(self, key: Hashable) -> None:
         seq = next(self._seq)
@@ -149,11 +103,11 @@ class SessionEviction:
             key = ("anon",)
         else:
             key = hint.session_id
-            if hint.last_use > self._last_end.get(key, -math.inf):
-                self._last_end[key] = hint.last_use
-                self._last_end.move_to_end(key)
-                if len(self._last_end) > _MAX_SESSIONS:
-                    self._last_end.popitem(last=False)
+        moved = False
+        if hint.session_id is not None:
+            last = self.model.last_end(hint.session_id)
+            moved = last is None or hint.last_use > last
+            self.model.note_release(hint.session_id, hint.last_use)
         self._time_of[block.block_id] = hint.last_use
         group = self._groups.get(key)
         is_new = group is None
@@ -161,7 +115,7 @@ class SessionEviction:
             group = self._groups[key] = OrderedDict()
         group[block.block_id] = block
         self._group_of[block.block_id] = key
-        if is_new or isinstance(key, str):
+        if is_new or (moved and isinstance(key, str)):
             self._push(key)  # a new group, or a session whose last turn moved
 
     def remove(self, block: KVBlock) -> None:
@@ -197,10 +151,6 @@ class SessionEviction:
                 self._push(key)
             return block
         raise KVIntegrityError("session eviction: pop from an empty policy")
-
-    def note_turn(self, session_id: str, now: float) -> None:
-        last = self._last_end.get(session_id)
-        self.model.observe_turn(None if last is None else now - last)
 
     def __len__(self) -> int:
         return len(self._group_of)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chatfleet.engine.models.attention import KVCache, Workspace, build_attention_metadata
+from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
@@ -109,12 +109,14 @@ class TorchRunner:
         if kv_dtype == FP8:
             self.kv_scales, self._calibrate_tokens = initial_kv_scales(loaded_model, kv_scales_from_prompts)
         scales = self.kv_scales or KVScales.ones(self.config.num_layers)
-        self.kv_caches = [
-            KVCache.allocate(num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim,
-                             kv_dtype, self.device, scales.k[i], scales.v[i])
-            for i in range(self.config.num_layers)
-        ]
-        self.host_kv = HostKVTransfer(self.kv_caches, num_host_blocks) if num_host_blocks > 0 else None
+        # One cache per layer that stores KV, shaped by its layer group (KV-sharing layers: None).
+        self.kv_spec = self.config.kv_cache_spec(block_size, str(loaded_model.dtype).removeprefix("torch."))
+        self.kv_caches: list[KVCache | None] = [None] * max(self.kv_spec.num_model_layers, 1)
+        for g in self.kv_spec.groups:
+            for i in g.layer_indices:
+                self.kv_caches[i] = KVCache.allocate(num_blocks, block_size, g.num_kv_heads, g.head_dim,
+                                                     kv_dtype, self.device, scales.k[i], scales.v[i])
+        self.host_kv = HostKVTransfer([c for c in self.kv_caches if c is not None], num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -195,16 +197,7 @@ class TorchRunner:
         for c in prefills:
             input_ids.extend(c.token_ids)
             positions.extend(range(c.start_position, c.context_length))
-        meta = build_attention_metadata(
-            self._block_size,
-            decode_context_lens=[c.context_length for c in decodes],
-            decode_block_tables=[c.block_table for c in decodes],
-            chunk_starts=[c.start_position for c in prefills],
-            chunk_lens=[c.num_tokens for c in prefills],
-            chunk_block_tables=[c.block_table for c in prefills],
-            device=self.device,
-        )
-        meta.workspace = self._workspace
+        meta = self._attention_metadata(decodes, prefills)
 
         # Rows of the hidden states that need logits: last token of sampling chunks, and every
         # token of chunks that want prompt logprobs.
@@ -243,6 +236,28 @@ class TorchRunner:
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
         return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
+
+    def _attention_metadata(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+                            ) -> AttentionMetadata | dict[str, AttentionMetadata]:
+        """One metadata for a single full-attention group; else one per layer group (its window)."""
+
+        def build(window: int | None) -> AttentionMetadata:
+            meta = build_attention_metadata(
+                self._block_size,
+                decode_context_lens=[c.context_length for c in decodes],
+                decode_block_tables=[c.block_table for c in decodes],
+                chunk_starts=[c.start_position for c in prefills],
+                chunk_lens=[c.num_tokens for c in prefills],
+                chunk_block_tables=[c.block_table for c in prefills],
+                device=self.device,
+                sliding_window=window,
+            )
+            meta.workspace = self._workspace
+            return meta
+
+        if self.kv_spec.is_uniform:
+            return build(None)
+        return {g.name: build(g.sliding_window) for g in self.kv_spec.groups}
 
     def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
         """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""

@@ -1,0 +1,103 @@
+"""Reading a request body: JSON, validation as the endpoint's OpenAI request, session key.
+
+``inspect_body`` turns raw bytes into a ``ParsedBody`` or a ``BodyRejected`` (always a value,
+never an exception, so it crosses a process boundary): deep nesting, integers longer than
+Python converts, invalid UTF-8 and lone surrogates are client errors (400), not crashes.
+
+``BodyInspector`` runs it inline for small bodies and in a worker process for large ones:
+``json.loads`` and pydantic hold the GIL, so a thread would still stall the event loop and
+every stream on it (a few MB of chat take a few hundred ms to validate). At most
+``max_pending`` large bodies are inspected or waiting at once; more wait their turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from chatfleet.gateway.session import SessionKey, body_session
+from chatfleet.protocol.errors import to_chatfleet_error
+from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
+
+ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+@dataclass(frozen=True)
+class ParsedBody:
+    """What the gateway needs from a valid request body."""
+
+    stream: bool
+    model: str | None
+    session: SessionKey  # from the body alone (the session header, if any, wins over it)
+
+
+@dataclass(frozen=True)
+class BodyRejected:
+    """The body is not a valid request: a 400 with this message."""
+
+    message: str
+    param: str | None = None
+
+
+def inspect_body(path: str, body: bytes) -> ParsedBody | BodyRejected:
+    """Validate ``body`` as the request of endpoint ``path``."""
+    try:
+        return _inspect(path, body)
+    except RecursionError:
+        return BodyRejected("the JSON body is nested too deeply")
+
+
+def _inspect(path: str, body: bytes) -> ParsedBody | BodyRejected:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return BodyRejected(f"malformed JSON body: {exc}")
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        return BodyRejected(f"the JSON body holds a value out of range: {exc}")
+    if not isinstance(data, dict):
+        return BodyRejected("the request body must be a JSON object")
+    try:
+        request = ENDPOINTS[path].model_validate(data)
+    except ValidationError as exc:
+        err = to_chatfleet_error(exc)
+        return BodyRejected(err.message, err.param)
+    return ParsedBody(stream=bool(request.stream), model=request.model, session=body_session(data))
+
+
+class BodyInspector:
+    """``inspect_body`` inline below ``offload_bytes``, in a worker process above it."""
+
+    def __init__(self, offload_bytes: int, workers: int = 1, max_pending: int = 4) -> None:
+        self.offload_bytes = offload_bytes
+        self.workers = workers
+        self._pending = asyncio.Semaphore(max_pending)
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def inspect(self, path: str, body: bytes) -> ParsedBody | BodyRejected:
+        if len(body) < self.offload_bytes:
+            return inspect_body(path, body)
+        async with self._pending:
+            loop = asyncio.get_running_loop()
+            try:
+                return await loop.run_in_executor(self._executor(), inspect_body, path, body)
+            except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh
+                self.close()
+                return await loop.run_in_executor(self._executor(), inspect_body, path, body)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:  # forkserver: never fork a process that runs threads
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

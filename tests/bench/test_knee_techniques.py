@@ -1,0 +1,52 @@
+"""The knee's spread over repeats, and the tuned engine's flags from what the engine accepts."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from chatfleet.bench import techniques
+from chatfleet.bench.knee import knee_spread
+from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args
+from chatfleet.errors import ConfigError
+
+
+def point(level, passed_by_repeat):
+    runs = [SimpleNamespace(summary=SimpleNamespace(slo_passed=p), throttled=False) for p in passed_by_repeat]
+    return SimpleNamespace(level=level, kept=runs)
+
+
+def test_knee_per_repeat_is_the_highest_load_passing_with_all_lower_ones():
+    pts = [point(8, [True, False]), point(2, [True, True]), point(4, [True, True]), point(6, [False, True])]
+    spread = knee_spread(pts)
+    assert spread.knees == (4, 6)  # repeat 0 broke at 6; repeat 1 broke at 8
+    assert (spread.low, spread.high) == (4, 6)
+    spread = knee_spread([point(2, [False, True]), point(4, [True, True])])
+    assert spread.knees == (None, 4) and spread.low == 0 and spread.high == 4
+    assert "0-4 over 2 repeats" in spread.describe()
+
+
+def test_missing_techniques_are_named_not_dropped(monkeypatch):
+    monkeypatch.setattr(techniques, "engine_flags", lambda: frozenset({"--max-running"}))
+    a = engine_args(TECHNIQUES, TechniqueSettings(max_running=3), ("--kv-cache-tokens", "2048"))
+    assert a.args == ("--kv-cache-tokens", "2048", "--max-running", "3")
+    assert a.applied == ("cap",) and set(a.missing) == {"host_tier", "session_eviction", "lpm"}
+    assert "not in this engine yet" in a.describe()
+
+
+def test_techniques_the_engine_accepts_become_flags(monkeypatch):
+    flags = {"--max-running", "--host-cache-memory", "--eviction-policy", "--host-eviction-policy",
+             "--scheduling-policy", "--max-queue-delay"}
+    monkeypatch.setattr(techniques, "engine_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(techniques, "_policy_known", lambda kind, name: True)
+    a = engine_args(TECHNIQUES, TechniqueSettings(host_cache_memory="64MiB", max_queue_delay_s=1.5))
+    assert a.missing == () and a.applied == TECHNIQUES
+    assert "--host-cache-memory" in a.args and a.args[a.args.index("--host-cache-memory") + 1] == "64MiB"
+    assert a.args[a.args.index("--eviction-policy") + 1] == "session"
+    assert a.args[a.args.index("--scheduling-policy") + 1] == "lpm"
+    assert a.args[a.args.index("--max-queue-delay") + 1] == "1.5"
+    with pytest.raises(ConfigError, match="unknown technique"):
+        engine_args(("turbo",), TechniqueSettings())
+
+
+def test_engine_flags_read_from_the_engine_command():
+    assert {"--kv-cache-tokens", "--max-running", "--no-prefix-cache"} <= techniques.engine_flags()

@@ -1,0 +1,92 @@
+"""The load loop sends one X-Session-ID per conversation and records each turn's pause; the
+long-session profile is deterministic and pauses several times longer than it types."""
+
+import asyncio
+import json
+import time
+
+from chatfleet.bench.client import SESSION_HEADER, ClientConfig
+from chatfleet.bench.dists import make
+from chatfleet.bench.loops import LoadSpec, run_load
+from chatfleet.bench.tokens import EstimateCounter
+from chatfleet.bench.transport import Response
+from chatfleet.bench.workload import Workload, get_profile
+
+
+class RecordingSession:
+    """Answers every chat with one content token and usage; remembers what it was sent."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    async def post(self, path, body, headers):
+        self.sent.append((json.loads(body), dict(headers)))
+
+        async def chunks():
+            events = [{"choices": [{"delta": {"content": "hi"}}]},
+                      {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1,
+                                                "prompt_tokens_details": {"cached_tokens": 4}}}]
+            for e in events:
+                yield time.perf_counter_ns(), f"data: {json.dumps(e)}\n\n".encode()
+            yield time.perf_counter_ns(), b"data: [DONE]\n\n"
+
+        return Response(200, {}, chunks())
+
+    async def discard(self):
+        pass
+
+
+class RecordingTransport:
+    name = "recording"
+
+    def __init__(self):
+        self.sent = []
+
+    def session(self):
+        return RecordingSession(self.sent)
+
+    async def close(self):
+        pass
+
+
+def test_each_conversation_sends_its_own_session_id_and_records_pauses():
+    prof = get_profile("long-session").with_overrides(think_time_s=make("lognormal", mean=0.02, sigma=0.3),
+                                                      turns=make("const", value=3))
+    w = Workload(prof, 5, EstimateCounter())
+    t = RecordingTransport()
+    spec = LoadSpec("closed", 3, duration_s=2.0, warmup_s=0.0, max_requests=12)
+    res = asyncio.run(run_load(w, t, ClientConfig("m"), spec, seed=5))
+    assert len(res.records) == len(t.sent) == 12
+    by_conv = {}
+    for rec, (body, headers) in zip(res.records, t.sent):  # both in send order
+        by_conv.setdefault(rec.conv_id, set()).add(headers[SESSION_HEADER])
+        assert headers[SESSION_HEADER] == rec.session_id
+        assert (rec.pause_s is None) == (rec.turn == 0)
+        if rec.turn > 0:
+            assert rec.pause_s == w.conversation(rec.conv_id).turns[rec.turn].think_time_s > 0
+        assert rec.cached_tokens == 4 and rec.prompt_tokens == 10
+    assert all(len(ids) == 1 for ids in by_conv.values())  # one id per conversation
+    assert len({next(iter(ids)) for ids in by_conv.values()}) == len(by_conv)  # distinct across conversations
+
+
+def test_session_ids_can_be_turned_off():
+    w = Workload(get_profile("cpu-roleplay"), 1, EstimateCounter())
+    t = RecordingTransport()
+    spec = LoadSpec("concurrency", 1, duration_s=0.2, warmup_s=0.0, max_requests=2)
+    asyncio.run(run_load(w, t, ClientConfig("m", send_session_id=False), spec, seed=1))
+    assert t.sent and all(SESSION_HEADER not in h for _, h in t.sent)
+
+
+def test_long_session_profile_is_deterministic_and_pauses_longer_than_a_turn_takes():
+    prof = get_profile("long-session")
+    a = Workload(prof, 11, EstimateCounter())
+    b = Workload(prof, 11, EstimateCounter())
+    assert [a.conversation(i) for i in range(10)] == [b.conversation(i) for i in range(10)]
+    convs = [a.conversation(i) for i in range(200)]
+    pauses = [t.think_time_s for c in convs for t in c.turns[1:]]
+    assert sum(pauses) / len(pauses) > 2.0  # a turn takes well under a second on CPU at the knee
+    assert max(pauses) > 10 and min(pauses) >= 0.3  # lognormal: a long tail
+    roleplay = Workload(get_profile("cpu-roleplay"), 11, EstimateCounter())
+    assert min(len(c.turns) for c in convs) >= 6
+    assert sum(c.tokens for c in a.cards) / len(a.cards) > 2 * sum(c.tokens for c in roleplay.cards) / len(roleplay.cards)
+    assert max(c.prompt_tokens(len(c.turns) - 1) for c in convs) <= prof.max_prompt_tokens + 64

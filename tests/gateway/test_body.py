@@ -1,0 +1,58 @@
+"""Request bodies: hostile JSON is a 400-shaped value, never a crash; large ones are
+validated in a worker process with the very same result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from chatfleet.gateway.body import BodyInspector, BodyRejected, ParsedBody, inspect_body
+from chatfleet.gateway.session import KeySource
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(content="hi", **extra) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], **extra}).encode()
+
+
+@pytest.mark.parametrize("body, words", [
+    (b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested too deeply"),
+    (b'{"model": "m", "max_tokens": ' + b"9" * 5000 + b', "messages": []}', "out of range"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "malformed JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b"", "malformed JSON"),
+    (chat(stream="yes")[:-1] + b", ", "malformed JSON"),
+])
+def test_hostile_bodies_are_rejected_with_a_reason(body, words):
+    result = inspect_body(CHAT, body)
+    assert isinstance(result, BodyRejected) and words in result.message
+
+
+def test_a_lone_surrogate_is_parsed_and_keyed():
+    result = inspect_body(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}')
+    assert isinstance(result, ParsedBody) and result.session.source is KeySource.CONVERSATION
+
+
+def test_a_valid_body_gives_what_routing_needs():
+    result = inspect_body(CHAT, chat(stream=True, user="alice"))
+    assert result == ParsedBody(stream=True, model="m", session=result.session)
+    assert result.session.key == "alice" and result.session.source is KeySource.USER
+
+
+def test_large_bodies_get_the_same_verdict_from_the_worker_process():
+    big = chat("word " * 100_000)
+    bad = json.dumps({"model": "m", "messages": [{"role": "nobody", "content": "x" * 400_000}]}).encode()
+
+    async def run():
+        inspector = BodyInspector(offload_bytes=64 << 10)
+        try:
+            return [await inspector.inspect(CHAT, body) for body in (big, bad, chat())]
+        finally:
+            inspector.close()
+
+    results = asyncio.run(run())
+    assert results == [inspect_body(CHAT, body) for body in (big, bad, chat())]
+    assert isinstance(results[0], ParsedBody) and isinstance(results[1], BodyRejected)

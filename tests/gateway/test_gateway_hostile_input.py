@@ -1,0 +1,123 @@
+"""Hostile input at the gateway: the malformed-request corpus, a bounded schemathesis run and
+large bodies. Client input never gives a 5xx, never counts against a replica, and both the
+gateway and its replicas stay healthy; a running stream keeps flowing meanwhile."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import hypothesis
+import pytest
+import schemathesis
+from gateway_helpers import chat_body, wait_for
+from schemathesis import GenerationMode
+
+from chatfleet.gateway.app import create_app
+from chatfleet.gateway.config import GatewayConfig
+
+CORPUS = json.loads((Path(__file__).parents[1] / "data" / "malformed_requests.json").read_text())["cases"]
+
+
+def raw_body(case: dict) -> bytes:
+    if "body_hex" in case:
+        return bytes.fromhex(case["body_hex"])
+    if "body" in case:
+        return case["body"].encode()
+    return "".join(text * times for text, times in case["parts"]).encode()
+
+
+def assert_all_healthy(gw, fakes) -> None:
+    with gw.client() as client:
+        assert client.get("/health").json()["healthy_replicas"] == len(fakes)
+        assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+    for fake in fakes:
+        state = gw.gateway.replicas[fake.url]
+        assert state.healthy and state.stats.upstream_errors == 0 and state.stats.marked_down == 0
+
+
+def test_malformed_corpus_gets_client_errors_only(fakes, gateways):
+    replicas = fakes(2)
+    gw = gateways([f.url for f in replicas])
+    wrong = []
+    with gw.client() as client:
+        for case in CORPUS:
+            r = client.post(case["path"], content=raw_body(case), headers={"content-type": "application/json"})
+            ok = {"400": r.status_code == 400, "4xx": 400 <= r.status_code < 500,
+                  "4xx_or_2xx": r.status_code < 300 or 400 <= r.status_code < 500}[case["expect"]]
+            if not ok:
+                wrong.append((case["name"], r.status_code, r.text[:200]))
+            elif r.status_code >= 400:
+                assert r.json()["error"]["message"], case["name"]
+    assert not wrong
+    assert_all_healthy(gw, replicas)
+
+
+SCHEMA = schemathesis.openapi.from_dict(create_app(GatewayConfig(replicas=("http://127.0.0.1:9",))).openapi())
+SCHEMA.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=25,
+                                database="none")
+
+
+@pytest.fixture(scope="module")
+def fuzzed_fleet():
+    from chatfleet.testing.fake_server import FakeBehavior, FakeServer
+    from chatfleet.loopback import ServerThread
+
+    replicas = [ServerThread(FakeServer(FakeBehavior(), record=False)).start() for _ in range(2)]
+    app = create_app(GatewayConfig(replicas=tuple(s.url for s in replicas), port=0, health_interval_s=0.2,
+                                   log_requests=False))
+    gateway = ServerThread(app).start()
+    yield gateway, app.state.gateway
+    gateway.stop()
+    for server in replicas:
+        server.stop()
+
+
+@SCHEMA.parametrize()
+@hypothesis.settings(deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+def test_schemathesis_finds_no_5xx(case, fuzzed_fleet):
+    server, gateway = fuzzed_fleet
+    response = case.call(base_url=server.url, timeout=10)
+    assert response.status_code < 500 or (case.path == "/health" and response.status_code == 503), (
+        f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}")
+    assert all(r.healthy and r.stats.upstream_errors == 0 for r in gateway.replicas.replicas.values())
+
+
+def test_a_stream_keeps_flowing_while_large_bodies_are_refused(fakes, gateways):
+    (fake,) = fakes(1, interval_s=0.005)
+    gw = gateways([fake.url], max_body_bytes=8 << 20, body_offload_bytes=256 << 10)
+    arrivals: list[float] = []
+    ended: list[str] = []
+
+    def consume():
+        with gw.client(timeout=30.0) as client, client.stream(
+                "POST", "/v1/chat/completions", json=chat_body(stream=True, max_tokens=1000)) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    arrivals.append(time.monotonic())
+                    if line == "data: [DONE]":
+                        ended.append(line)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    wait_for(lambda: len(arrivals) >= 3, what="the stream to start")
+    big = "word " * (1_600_000 - 10)  # ~7.8 MB of chat: under the limit, validated off the loop
+    statuses = []
+    start = time.monotonic()
+    with gw.client(timeout=60.0) as client:
+        too_big = b'{"model": "fake", "messages": []}' + b" " * (9 << 20)
+        statuses.append(client.post("/v1/chat/completions", content=too_big).status_code)
+        statuses.append(client.post("/v1/chat/completions", content=iter([too_big[i:i + (1 << 20)]
+                                    for i in range(0, len(too_big), 1 << 20)])).status_code)  # chunked
+        statuses.append(client.post("/v1/chat/completions", json={
+            "model": "fake", "messages": [{"role": "nobody", "content": big[: 1 << 20]}]}).status_code)
+        statuses.append(client.post("/v1/chat/completions", json=chat_body(big, max_tokens=2)).status_code)
+    end = time.monotonic()
+    reader.join(60)
+    assert statuses == [413, 413, 400, 200]
+    assert ended, "the running stream did not finish"
+    assert any(start < t < end for t in arrivals), "no chunk reached the client while the bodies were handled"
+    state = gw.gateway.replicas[fake.url]
+    assert state.healthy and state.stats.upstream_errors == 0 and state.stats.marked_down == 0
