@@ -21,8 +21,11 @@ value is the probability that it is reused within a horizon ``H``:
 
 The pause model (``pauses.py``: lognormal pauses and a continuation probability ``p``, learned
 online from the gaps between a session's turns) is shared by the device and the host pool's
-policies; ``H`` is the median pause. Among blocks of equal value the least recently released
-goes first; a session's blocks go tail first (released in that order).
+policies. ``H`` is a tenth of the median pause: short, so ``v`` follows the hazard of return
+(the chance of a hit soon per unit of memory held, as in hit-density eviction) rather than "ever
+again", which a just-finished session would win (with ``H`` = the median, the policy ranked
+much like LRU on multi-session replays). Among blocks of equal value the least recently
+released goes first; a session's blocks go tail first (released in that order).
 
 Cost: blocks are kept in groups (one per session, one per sharing level, one for blocks without
 a session) in release order; a heap orders groups by value, with values refreshed all at once
@@ -50,6 +53,7 @@ _MAX_SHARING = 8  # sharing levels beyond this are one group
 @EVICTION_POLICIES.register("session")
 class SessionEviction:
     name = "session"
+    horizon_fraction = 0.1  # H as a fraction of the median pause (see the module docstring)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, pauses: SessionPauses | None = None,
                  refresh_seconds: float = 0.25) -> None:
@@ -74,7 +78,7 @@ class SessionEviction:
         else:  # ("shared", k) or ("anon",): timed by the next victim's release
             elapsed = now - self._time_of[next(iter(group))]
             sharing = key[1] if key[0] == "shared" else 1
-        return self.model.reuse_probability(elapsed, self.model.median, sharing)
+        return self.model.reuse_probability(elapsed, self.horizon_fraction * self.model.median, sharing)
 
     def _push(self, key: Hashable) -> None:
         seq = next(self._seq)
