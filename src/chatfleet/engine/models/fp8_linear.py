@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
 from chatfleet.engine.models.fp8_format import E4M3_MAX, FP8WeightFormat, ceil_div
 from chatfleet.engine.models.workspace import Workspace
 
@@ -73,12 +74,13 @@ def quantize_weight(w: torch.Tensor, fmt: FP8WeightFormat) -> tuple[torch.Tensor
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, fmt: FP8WeightFormat, dtype: torch.dtype,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """``q * scale`` as ``dtype`` (into ``out`` [out, in] when given)."""
-    w = q.to(dtype) if out is None else out.copy_(q)
+    w = fp8_to_down(q, dtype, out)
+    s = (scale * FP8_DOWN).to(dtype)  # a power of two: the same rounding as scaling by ``scale``
     if fmt.granularity == "tensor":
-        return w.mul_(scale.to(dtype))
+        return w.mul_(s)
     if fmt.granularity == "channel":
-        return w.mul_(scale.to(dtype).view(-1, 1))
-    return _scale_tiles(w, scale.to(dtype), fmt.block, "mul")
+        return w.mul_(s.view(-1, 1))
+    return _scale_tiles(w, s, fmt.block, "mul")
 
 
 class FP8Linear(nn.Module):
