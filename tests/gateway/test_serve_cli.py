@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -50,13 +51,27 @@ def test_serve_starts_engines_and_a_sigterm_stops_all(tmp_path):
         reply = client.chat.completions.create(model="tiny", max_tokens=3,
                                                messages=[{"role": "user", "content": "hi"}])
         assert reply.usage.completion_tokens >= 1
-        (engine,) = [r["url"] for r in httpx.get(url + "/gateway/status").json()["replicas"]]
-        assert healthy(engine)
+        (state,) = httpx.get(url + "/gateway/status").json()["replicas"]
+        engine, pid = state["url"], state["process"]["pid"]
+        assert healthy(engine) and state["process"]["running"]
+        os.kill(pid, signal.SIGKILL)  # the replica dies: serve starts it again on its port
+
+        def restarted():
+            (now,) = httpx.get(url + "/gateway/status").json()["replicas"]
+            return now["process"]["restarts"] == 1 and now["healthy"] and healthy(engine) and now
+
+        now = wait_for(restarted, timeout=180, what="the engine to be restarted")
+        assert now["process"]["pid"] != pid and now["process"]["last_exit_code"] == -signal.SIGKILL
+        reply = client.chat.completions.create(model="tiny", max_tokens=2,
+                                               messages=[{"role": "user", "content": "again"}])
+        assert reply.usage.completion_tokens >= 1
     finally:
         out = stop(proc, signal.SIGTERM)
     assert proc.returncode == 0, out
     assert not healthy(engine) and not healthy(url)  # the engine went down with the gateway
     assert '"msg":"request"' in out  # JSON request log
+    assert f"clients use base URL {url}/v1" in out
+    assert '"msg":"replica process exited"' in out and '"msg":"replica process restarted"' in out
 
 
 def test_serve_attaches_existing_replicas_with_caps_from_a_sweep(tmp_path, fakes):
@@ -80,6 +95,16 @@ def test_serve_attaches_existing_replicas_with_caps_from_a_sweep(tmp_path, fakes
     finally:
         out = stop(proc, signal.SIGINT)
     assert proc.returncode == 0, out
+
+
+def test_serve_checks_its_port_before_starting_engines():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--replicas", "1", "--model", "/no/such/model",
+                                          "--port", str(port)])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output, result.output
 
 
 @pytest.mark.parametrize("args, message", [

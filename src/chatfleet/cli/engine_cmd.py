@@ -30,6 +30,11 @@ def engine(
     embedding_dtype: str = typer.Option(
         _E.embedding_dtype, "--embedding-dtype", help="auto (the model's dtype) or fp8 (per-row scales)."
     ),
+    language_model_only: bool = typer.Option(
+        _E.language_model_only, "--language-model-only/--no-language-model-only",
+        help="Multimodal checkpoints: serve text only, never reading the vision/audio towers "
+             "(on: image and audio input are not served).",
+    ),
     kv_cache_tokens: int | None = typer.Option(None, "--kv-cache-tokens", help="KV pool size in tokens."),
     kv_cache_memory: str | None = typer.Option(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
@@ -86,6 +91,7 @@ def engine(
             kv_scales_from_prompts=kv_scales_from_prompts,
             quantization=quantization,
             embedding_dtype=embedding_dtype,
+            language_model_only=language_model_only,
             cache=CacheConfig(
                 block_size=block_size,
                 num_tokens=kv_cache_tokens,

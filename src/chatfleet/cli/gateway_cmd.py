@@ -6,6 +6,7 @@ Settings come from the GatewayConfig defaults, then a YAML profile (--profile), 
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,34 @@ def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, sessi
             "max_queued_new": max_queued_new, "session_ttl_s": session_ttl}
 
 
+def check_port(host: str, port: int) -> None:
+    """Fail now, before any engine starts, if the gateway could not listen on HOST:PORT."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "choose another --port or --host") from None
+
+
+def client_address(host: str, port: int) -> str:
+    """The OpenAI base URL clients should use for a gateway bound to HOST:PORT."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
+
+
+def _announce(config: GatewayConfig) -> None:
+    typer.echo(f"gateway on {config.host}:{config.port}; clients use base URL "
+               f"{client_address(config.host, config.port)}", err=True)
+
+
 def _fail(err: ChatfleetError) -> None:
     typer.echo(f"error: {err.message}", err=True)
     raise typer.Exit(2)
@@ -94,8 +123,10 @@ def gateway(
             max_queued_new, session_ttl), caps_from, caps_series)
         if not config.replicas:
             raise ConfigError("no replicas: give --replica URL (repeatable) or a profile's gateway.replicas")
+        check_port(config.host, config.port)
     except ChatfleetError as err:
         _fail(err)
+    _announce(config)
     run_gateway(config)
 
 
@@ -116,6 +147,7 @@ def serve(
 ) -> None:
     """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
     from chatfleet.gateway.app import run_gateway
+    from chatfleet.gateway.supervisor import ReplicaSupervisor
     from chatfleet.testing.engines import Fleet, FleetConfig
 
     try:
@@ -138,6 +170,7 @@ def serve(
             max_queued_new, session_ttl), caps_from, caps_series)
         if fleet_config.replicas == 0 and not gateway_config.replicas:
             raise ConfigError("nothing to serve: --replicas 0 and no --replica URL")
+        check_port(gateway_config.host, gateway_config.port)
     except ChatfleetError as err:
         _fail(err)
 
@@ -146,19 +179,25 @@ def serve(
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     fleet = Fleet(fleet_config)
+    supervisor = None
     try:
         urls = fleet.start()
         if urls:
-            typer.echo(f"engines ready: {' '.join(urls)}", err=True)
+            typer.echo(f"engines ready: {' '.join(urls)} (restarted if they die)", err=True)
+        supervisor = ReplicaSupervisor(fleet).start()
         # uvicorn stops on SIGINT/SIGTERM, then re-raises the signal into the handlers found
         # here, so both end up as KeyboardInterrupt and the engines stop below.
         attached = [spec.url for spec in gateway_config.replicas]
-        run_gateway(gateway_config.replace(replicas=tuple(urls) + tuple(attached)))
+        config = gateway_config.replace(replicas=tuple(urls) + tuple(attached))
+        _announce(config)
+        run_gateway(config, supervisor.states)
     except KeyboardInterrupt:
         pass
     except ChatfleetError as err:
         _fail(err)
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         fleet.stop()
         signal.signal(signal.SIGTERM, previous)
 

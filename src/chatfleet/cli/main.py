@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from chatfleet.cli import bench_cmd, demo_cmd, engine_cmd, gateway_cmd, model_cmd, plan_cmd
+from chatfleet.cli import bench_cmd, demo_cmd, engine_cmd, gate_cmd, gateway_cmd, model_cmd, plan_cmd
 
 app = typer.Typer(
     name="chatfleet",
@@ -16,7 +16,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (model_cmd, engine_cmd, bench_cmd, gateway_cmd, demo_cmd, plan_cmd):
+for module in (model_cmd, engine_cmd, bench_cmd, gateway_cmd, demo_cmd, plan_cmd, gate_cmd):
     module.register(app)
 
 

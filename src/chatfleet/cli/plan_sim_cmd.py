@@ -30,6 +30,8 @@ O_HOST = typer.Option("0", "--host-cache-memory", help="Host-memory KV tier (e.g
 O_CAP = typer.Option(SchedulerConfig.max_running, "--max-running", help="Engine concurrency cap.")
 O_TOKENS = typer.Option(SchedulerConfig.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget.")
 O_PROFILE = typer.Option("seed-roleplay", "--profile", help=f"Workload profile: {', '.join(PROFILES)}.")
+O_TOKENIZER = typer.Option(None, "--tokenizer", help="Count workload lengths with this tokenizer ('small', a folder;"
+                           " default: the bench's byte estimate), as `chatfleet sweep --tokenizer` does.")
 O_SLO = typer.Option("ttft_p99<=1s,itl_p99<=100ms", "--slo", help="Targets, as for `chatfleet sweep`.")
 O_MODE = typer.Option("closed", "--mode", help="closed (live chats), open (new chats/s) or concurrency.")
 O_DURATION = typer.Option(600.0, "--duration", help="Simulated seconds measured per run.")
@@ -63,7 +65,7 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
                max_running: int = O_CAP, max_batched_tokens: int = O_TOKENS, profile: str = O_PROFILE,
-               slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION, warmup: float = O_WARMUP,
+               tokenizer: str | None = O_TOKENIZER, slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION, warmup: float = O_WARMUP,
                repeats: int = O_REPEATS, seed: int = O_SEED,
                start: float = typer.Option(8, "--start", help="First load level."),
                max_level: float = typer.Option(4096, "--max", help="Highest load level to try."),
@@ -79,7 +81,7 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                                              kv_cache_tokens, host, max_running, max_batched_tokens, check_contents)
         proto = sim_protocol(LoadSpec(mode, 1, duration_s=duration, warmup_s=warmup), parse_slo(slo), repeats, seed)
         spec = SweepSpec(start, max_level, growth, resolution, max_points)
-        make, counter = WorkloadSource(get_profile(profile)).factory()
+        make, counter = WorkloadSource(get_profile(profile), tokenizer).factory()
         t = time.perf_counter()
         res = simulate_sweep(proto, spec, make, replica, ui.ProgressObserver())
         wall = time.perf_counter() - t
@@ -185,3 +187,56 @@ def plan_host_tier(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None 
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+@plan_app.command("calibrate")
+def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` result measured against the engine."),
+                   model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_CATALOG, weights: str = O_WEIGHTS,
+                   kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
+                   kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
+                   max_running: int = O_CAP, max_batched_tokens: int = O_TOKENS,
+                   series: str | None = typer.Option(None, "--series", help="Which series of the result (default: the first)."),
+                   out_catalog: Path = typer.Option(..., "--out", help="Write the calibrated GPU entry here (a catalog for --catalog)."),
+                   ) -> None:
+    """Fit the GPU's efficiency factors to one measured sweep (give the engine config it ran with)."""
+    import yaml
+
+    from chatfleet.bench.report import load_result
+    from chatfleet.plan.calibrate import fit_efficiency, read_measured
+    from chatfleet.plan.replica_setup import replica_plan
+    from chatfleet.plan.memory_report import read_model_config
+    from chatfleet.plan.sim_bench import sim_protocol, simulate_levels
+
+    try:
+        measured = read_measured(load_result(result), series)
+        g, s, _ = replica_from_options(model, gpu, catalog, weights, kv, memory_fraction, budget, kv_cache_memory,
+                                       kv_cache_tokens, host, max_running, max_batched_tokens, False)
+        cfg, _ = read_model_config(model)
+        proto = sim_protocol(LoadSpec(measured.mode, 1, duration_s=measured.duration_s, warmup_s=measured.warmup_s),
+                             parse_slo(measured.slo))
+        make, _ = WorkloadSource(get_profile(measured.profile), measured.tokenizer).factory()
+        t = time.perf_counter()
+        fit = fit_efficiency(measured, lambda e: simulate_levels(proto, measured.levels, make,
+                                                                 replica_plan(cfg, g, s, efficiency=e)), g.efficiency)
+        wall = time.perf_counter() - t
+    except ChatfleetError as e:
+        _fail(e)
+    from rich.table import Table
+
+    t = Table(title=f"calibration of {g.name} on {result} ({fit.evaluations} candidates, {wall:.0f} s)")
+    for col in ("load", "itl p50 measured", "simulated", "itl p90 measured", "simulated", "ttft p50 measured", "simulated"):
+        t.add_column(col)
+    for level in measured.levels:
+        m, sim = measured.metrics[level], fit.simulated.get(level, {})
+        row = [f"{level:g}"]
+        for key in ("itl_p50", "itl_p90", "ttft_p50"):
+            row += [f"{m.get(key, float('nan')) * 1e3:.1f} ms", f"{sim.get(key, float('nan')) * 1e3:.1f} ms"]
+        t.add_row(*row)
+    out.print(t)
+    e = fit.efficiency
+    out.print(f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, step overhead {e.step_overhead_ms:.3g} ms"
+              f" (rms log error {fit.error ** 0.5:.3f})")
+    entry = g.with_efficiency(e).to_yaml_entry()
+    entry["source"] = f"{g.source}; efficiencies calibrated on {result.name}"
+    out_catalog.write_text(yaml.safe_dump({"gpus": {g.name: entry}}, sort_keys=False))
+    out.print(f"catalog: {out_catalog} (use with --catalog)")

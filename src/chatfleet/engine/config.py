@@ -119,6 +119,8 @@ class EngineConfig:
     kv_scales_from_prompts: int | None = None  # FP8 cache: measure K/V scales from the first N prompt tokens
     quantization: str | None = None  # --quantization fp8 (None: as the checkpoint is)
     embedding_dtype: str = "auto"  # --embedding-dtype
+    # A multimodal checkpoint's vision/audio towers are never read (no image or audio input is served).
+    language_model_only: bool = True  # --language-model-only / --no-language-model-only
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -155,5 +157,5 @@ def engine_memory(config: EngineConfig, hf_config: Mapping[str, Any]) -> MemoryB
 
     memory = memory_breakdown(hf_config, dtype=config.dtype, quantization=config.quantization,
                               embedding_dtype=config.embedding_dtype, kv_cache_dtype=config.kv_cache_dtype,
-                              block_size=config.cache.block_size, language_model_only=True)
+                              block_size=config.cache.block_size, language_model_only=config.language_model_only)
     return replace(memory, pool=config.cache.plan_pools(memory.kv_spec))

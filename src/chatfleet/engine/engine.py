@@ -124,7 +124,8 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
                           kernels=config.kernels, quantization=config.quantization,
-                          embedding_dtype=config.embedding_dtype)
+                          embedding_dtype=config.embedding_dtype,
+                          language_model_only=config.language_model_only)
 
     # ---- requests -----------------------------------------------------------------------------
     @property

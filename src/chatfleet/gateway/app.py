@@ -10,6 +10,8 @@ The gateway's state and request handling live in ``service.py``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -23,11 +25,16 @@ from chatfleet.gateway.openapi import gateway_openapi
 from chatfleet.gateway.service import ENDPOINTS, Gateway
 from chatfleet.protocol.errors import install_exception_handlers
 
+if TYPE_CHECKING:
+    from chatfleet.gateway.supervisor import ProcessState
+
 __all__ = ["Gateway", "create_app", "run_gateway"]
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
-    gateway = Gateway(config)
+def create_app(config: GatewayConfig,
+               processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> FastAPI:
+    """The gateway app; ``processes`` reports the replica processes `serve` supervises."""
+    gateway = Gateway(config, processes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -75,8 +82,9 @@ def _set_schema(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def run_gateway(config: GatewayConfig) -> None:
+def run_gateway(config: GatewayConfig,
+                processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> None:
     """Serve the gateway until SIGINT/SIGTERM."""
     configure_json_logging(config.log_level)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning",
+    uvicorn.run(create_app(config, processes), host=config.host, port=config.port, log_level="warning",
                 access_log=False, backlog=8192, timeout_keep_alive=30, lifespan="on")

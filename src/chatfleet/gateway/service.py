@@ -8,7 +8,9 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Request
@@ -26,16 +28,21 @@ from chatfleet.gateway.session import KeySource, SessionKey
 from chatfleet.gateway.session_tracker import SessionTracker
 from chatfleet.protocol.errors import to_chatfleet_error
 
+if TYPE_CHECKING:
+    from chatfleet.gateway.supervisor import ProcessState
+
 __all__ = ["ENDPOINTS", "Gateway"]
 
 
 class Gateway:
     """Everything one gateway process holds: replicas, router, admission, metrics, clients."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig,
+                 processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> None:
         if not config.replicas:
             raise ConfigError("the gateway needs at least one replica (--replica URL)")
         self.config = config
+        self.processes = processes  # replica processes `serve` supervises, for the status
         urls = [spec.url for spec in config.replicas]
         self.admission = AdmissionController(
             {spec.url: config.cap_of(spec) for spec in config.replicas},
@@ -152,6 +159,7 @@ class Gateway:
 
     def status(self) -> dict[str, Any]:
         out = []
+        processes = self.processes() if self.processes is not None else {}
         for url, replica in self.replicas.replicas.items():
             cap = self.admission.cap(url)
             out.append({
@@ -160,6 +168,8 @@ class Gateway:
                 "consecutive_failures": replica.consecutive_failures, "last_error": replica.last_error,
                 "models": [m["id"] for m in replica.models], "stats": vars(replica.stats).copy(),
             })
+            if url in processes:
+                out[-1]["process"] = asdict(processes[url])
         return {"replicas": out, "queued_total": self.admission.queued_total,
                 "queued_new": self.admission.queued_new,
                 "shed_new": sum(r.stats.shed_new for r in self.replicas.replicas.values()),

@@ -105,3 +105,14 @@ def simulate_point(protocol: RunProtocol, level: float, make_workload: Callable[
 def sim_protocol(load: LoadSpec, slo, repeats: int = 1, base_seed: int = 0) -> RunProtocol:
     return RunProtocol(SIM_URL, load, slo, repeats=repeats, base_seed=base_seed, server_kind="none",
                        verify_reset=False, use_gpu_telemetry=False)
+
+
+def simulate_levels(protocol: RunProtocol, levels: tuple[float, ...], make_workload: Callable[[int], Workload],
+                    replica: ReplicaPlan) -> dict[float, dict[str, float]]:
+    """One simulated run per level -> ``{level: {"itl_p50": s, "itl_p90": s, "ttft_p50": s, ...}}``."""
+    out: dict[float, dict[str, float]] = {}
+    for level in levels:
+        run = simulate_point(protocol, level, make_workload, replica).points[0].runs[0]
+        lat = run.summary.latency
+        out[level] = {f"{m}_{s}": lat[m][s] for m in ("itl", "ttft", "reply") for s in ("p50", "p90", "p99")}
+    return out

@@ -213,3 +213,8 @@ def read_qwen2(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
 def read_llama(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
     bias = bool(cfg.get("attention_bias", False))
     return _dense_decoder(cfg, block_size, qk_norm=False, qkv_bias=bias, o_bias=bias)
+
+
+# Readers that live in their own modules register on import.
+from chatfleet.plan import gemma4_reader  # noqa: E402,F401
+from chatfleet.plan import readers  # noqa: E402,F401  (qwen3_moe, gemma3_text)

@@ -122,34 +122,46 @@ class Fleet:
             from chatfleet.models.tiny import resolve_model
 
             resolve_model(cfg.model)
-        threads = str(cfg.threads())
-        with_parent = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
-        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
         try:
             for i in range(cfg.replicas):
                 port = cfg.base_port + i if cfg.base_port is not None else free_port(cfg.host)
-                log = cfg.log_path(i)
-                out: IO[bytes] | None = None
-                if log is not None:
-                    log.parent.mkdir(parents=True, exist_ok=True)
-                    out = open(log, "wb")
-                try:
-                    proc = subprocess.Popen(
-                        self.command(port), env=env, start_new_session=True, stdout=out,
-                        stderr=subprocess.STDOUT if out else None,
-                        preexec_fn=_die_with_parent if with_parent else None,
-                    )
-                finally:
-                    if out is not None:
-                        out.close()  # the child holds its own descriptor
-                self.processes.append(proc)
+                self.processes.append(self._spawn(i, port))
                 self.urls.append(f"http://{cfg.host}:{port}")
-                self.logs.append(log)
+                self.logs.append(cfg.log_path(i))
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
         return list(self.urls)
+
+    def restart(self, index: int) -> subprocess.Popen:
+        """Start engine ``index`` again on its own port (after it died); does not wait for it."""
+        old = self.processes[index]
+        if old.poll() is None:
+            raise FleetError(f"engine {self.urls[index]} is still running")
+        port = int(self.urls[index].rsplit(":", 1)[1])
+        self.processes[index] = self._spawn(index, port, append_log=True)
+        return self.processes[index]
+
+    def _spawn(self, index: int, port: int, append_log: bool = False) -> subprocess.Popen:
+        cfg = self.config
+        threads = str(cfg.threads())
+        with_parent = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
+        log = cfg.log_path(index)
+        out: IO[bytes] | None = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log, "ab" if append_log else "wb")
+        try:
+            return subprocess.Popen(
+                self.command(port), env=env, start_new_session=True, stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                preexec_fn=_die_with_parent if with_parent else None,
+            )
+        finally:
+            if out is not None:
+                out.close()  # the child holds its own descriptor
 
     def _failure(self, index: int, what: str) -> FleetError:
         log = self.logs[index]

@@ -4,6 +4,8 @@ Both layouts are read: ``Gemma4ForCausalLM`` (the text config at the top level) 
 ``Gemma4ForConditionalGeneration`` (the text config under ``text_config``, the language model's
 weights under ``model.language_model.``, vision/audio towers beside it).
 
+No torch at import: ``plan/gemma4_reader.py`` prices a Gemma 4 from this reading alone.
+
 Per layer type (``layer_types``: ``sliding_attention`` / ``full_attention``) the attention has
 its own head dim, KV heads, RoPE and span. Full layers take ``global_head_dim`` (and
 ``num_global_key_value_heads`` when ``attention_k_eq_v``) as ``transformers`` does, or the
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from chatfleet.engine.kv.spec import KVCacheSpec, spec_from_layer_kinds
 from chatfleet.errors import ConfigError
+
+if TYPE_CHECKING:  # torch only where the model is built: the planner reads configs without it
+    import torch
 
 ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -67,6 +70,8 @@ class RopeSpec:
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """[head_dim // 2] float32, as ``transformers`` computes it."""
+        import torch
+
         if self.rope_type == "default":
             return 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         angles = int(self.partial_rotary_factor * head_dim // 2)
