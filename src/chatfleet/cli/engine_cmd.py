@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from chatfleet.cli.errors import check_port
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
+from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.errors import ChatfleetError
 
 _E, _C, _S = EngineConfig(), CacheConfig(), SchedulerConfig()
@@ -114,6 +116,8 @@ def engine(
                 lpm_host_weight=lpm_host_weight,
             ),
         )
+        check_port(host, port)
+        check_kv_fits(config.cache.memory_bytes or 0, config.cache.host_memory_bytes, config.device)
         if threads is not None:
             import torch
 
