@@ -164,7 +164,7 @@ def plan_host_tier(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None 
                    slo: str = O_SLO, duration: float = O_DURATION, warmup: float = O_WARMUP, seed: int = O_SEED,
                    level: float = typer.Option(..., "--level", help="Live chats (closed loop) to hold."),
                    sizes: str = typer.Option("0,1GiB,2GiB,4GiB,8GiB,16GiB,32GiB", "--sizes", help="Host-tier sizes."),
-                   check_contents: bool = O_CHECK) -> None:
+                   check_contents: bool = O_CHECK, token_scale: int = O_SCALE) -> None:
     """Returning turns' hit rate by host-tier size: where it stops improving."""
     from chatfleet.plan.host_sweep import sweep_host_sizes
     from chatfleet.plan.memory_report import read_model_config
@@ -177,7 +177,8 @@ def plan_host_tier(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None 
         proto = sim_protocol(LoadSpec("closed", level, duration_s=duration, warmup_s=warmup), parse_slo(slo), 1, seed)
         make, _ = WorkloadSource(get_profile(profile)).factory()
         byte_sizes = [parse_memory_size(x) if x.strip() not in ("0", "") else 0 for x in sizes.split(",")]
-        res = sweep_host_sizes(proto, level, make, cfg, g, s, byte_sizes, fast=not check_contents)
+        res = sweep_host_sizes(proto, level, make, cfg, g, s, byte_sizes, fast=not check_contents,
+                               token_scale=token_scale)
     except ChatfleetError as e:
         _fail(e)
     for p in res.points:

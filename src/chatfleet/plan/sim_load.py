@@ -120,7 +120,8 @@ class _SimRun:
                     return
             self.sent += 1
             rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0, expected_tokens=turn.reply_tokens,
-                                warmup=intended < self.warm_end)
+                                warmup=intended < self.warm_end,
+                                pause_s=(turn.think_time_s if think else 0.0) if ti > 0 else None)
             rec.intended_s = intended - self.t0
             self.records.append(rec)
             users.append(self.tw.user(conv, ti))
