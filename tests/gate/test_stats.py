@@ -108,3 +108,10 @@ def test_paired_table_counts_and_bootstrap():
     assert constant.low == constant.high == 0.5
     spread = bootstrap_ratio_interval([1, 2, 3, 4] * 10, [1, 1, 1, 1] * 10)
     assert spread.low < 2.5 < spread.high and 2.0 < spread.low and spread.high < 3.0
+
+
+def test_an_empty_table_gives_no_information_instead_of_an_error():
+    empty = PairedTable(0, 0, 0, 0)
+    for iv in (tango_interval(empty), newcombe_interval(empty)):
+        assert (iv.low, iv.high) == (-1.0, 1.0)
+    assert mcnemar_exact_p(empty) == 1.0
