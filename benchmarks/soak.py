@@ -115,7 +115,7 @@ async def one_turn(soak: Soak, http: aiohttp.ClientSession, session: str, messag
                 if hang_up_after_s is not None and ttft is not None and time.monotonic() - start >= hang_up_after_s:
                     return done("cancelled"), "", 0.0
             return done("lost", "the stream ended without [DONE] or an error event"), "", 0.0
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         return done("lost", f"{type(exc).__name__}: {exc}"[:200]), "", 0.0
 
 
