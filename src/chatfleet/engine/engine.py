@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from chatfleet.engine.config import EngineConfig, engine_memory
@@ -94,6 +95,7 @@ class Engine:
             model_max_len = min(model_max_len, runner.num_blocks * block_size)
         self.max_model_len: int = model_max_len
         self.vocab_size: int = vocab_size or tokenizer.vocab_size
+        scheduler_config = config.scheduler
         if self.pool_plan is not None and len(self.pool_plan.pools) > 1:
             self.kv: KVManager | HybridKVManager = HybridKVManager(
                 self.pool_plan,
@@ -102,7 +104,11 @@ class Engine:
                 keep_slid_out_blocks=config.cache.keep_slid_out_blocks,
                 clock=clock,
             )
-            self.kv.check_pool_sizes(config.scheduler.max_batched_tokens)
+            fit = self.kv.max_step_tokens()
+            if fit < scheduler_config.max_batched_tokens:
+                log.warning("max_batched_tokens %d -> %d: what the sliding-window KV pool holds in one step",
+                            scheduler_config.max_batched_tokens, fit)
+                scheduler_config = replace(scheduler_config, max_batched_tokens=fit)
         else:
             self.kv = KVManager(
                 runner.num_blocks,
@@ -115,7 +121,7 @@ class Engine:
             )
         eos = getattr(tokenizer, "stop_token_ids", ()) or ()
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
+            scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
             clock=clock,
         )
         self._transfers = TransferTotals()

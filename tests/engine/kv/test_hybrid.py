@@ -147,7 +147,7 @@ class OracleRunner:
 @st.composite
 def workloads(draw):
     budget = draw(st.sampled_from([5, 16, 48]))
-    least = HybridKVManager(_plan(1, 1)).min_blocks(budget)["sliding"]  # one chunk and its window
+    least = -(-(budget + WINDOW - 1) // BS) + 1  # a chunk written whole and the window before it
     return dict(
         seed=draw(st.integers(0, 10_000)),
         num_chats=draw(st.integers(2, 6)),
@@ -202,3 +202,12 @@ def test_randomized_workloads_keep_integrity(w):
     cached, _ = run_workload(w, prefix_caching=True)
     uncached, _ = run_workload(w, prefix_caching=False)
     assert cached == uncached
+
+
+def test_max_step_tokens_fits_a_chunk_and_its_window():
+    kv = HybridKVManager(_plan(64, 10))
+    fit = kv.max_step_tokens()
+    assert fit == 9 * BS - WINDOW + 1
+    r = _req("a", range(100))
+    assert _compute(kv, r, fit, kv.match_prefix(r)) is not None  # alone, one step of that size fits
+    kv.check_integrity()

@@ -135,15 +135,16 @@ class HybridKVManager:
         return {g.spec.name: -(-(max_batched_tokens + g.window - 1) // self.block_size) + 1
                 for g in self.groups if g.window is not None}
 
-    def check_pool_sizes(self, max_batched_tokens: int) -> None:
-        """ConfigError when a sliding pool cannot hold one step's chunk with its window."""
-        for g in self.groups:
-            need = self.min_blocks(max_batched_tokens).get(g.spec.name, 0)
-            if g.pool.num_blocks < need:
-                raise ConfigError(
-                    f"the {g.spec.name} KV pool has {g.pool.num_blocks} blocks; a step of {max_batched_tokens}"
-                    f" tokens with window {g.window} needs {need}: give it a larger memory fraction"
-                    " (--sliding-memory-fraction) or lower --max-batched-tokens")
+    def max_step_tokens(self) -> int:
+        """The largest per-step token budget every sliding pool can serve alone (a chunk is
+        written whole, plus the window before it); ConfigError when not even one token fits."""
+        fit = min(((g.pool.num_blocks - 1) * self.block_size - g.window + 1 for g in self.groups
+                   if g.window is not None), default=1 << 30)
+        if fit < 1:
+            g = min((g for g in self.groups if g.window is not None), key=lambda g: g.pool.num_blocks)
+            raise ConfigError(f"the {g.spec.name} KV pool ({g.pool.num_blocks} blocks) cannot hold one window of"
+                              f" {g.window} tokens: give it a larger memory fraction (--sliding-memory-fraction)")
+        return fit
 
     # ---- prefix matching -----------------------------------------------------------------------
     def uses_prefix_cache(self, request: Request) -> bool:
