@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from chatfleet.bench.dists import make
 from chatfleet.bench.replay import ReplayConfig, ReplayResult, TraceSpec, make_trace, replay, working_set_tokens
 from chatfleet.engine.kv.eviction import EVICTION_POLICIES
 
@@ -40,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sessions", type=int, default=TraceSpec.num_sessions)
     p.add_argument("--turns", type=int, default=TraceSpec.num_turns)
+    p.add_argument("--pause-mean", type=float, default=8.0, help="Mean pause between turns (virtual seconds).")
+    p.add_argument("--pause-sigma", type=float, default=0.5,
+                   help="Lognormal sigma of the pauses (small: sessions return in near round-robin order).")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/results/...).")
     return p.parse_args(argv)
 
@@ -75,7 +79,9 @@ def target_check(results: list[ReplayResult]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spec = TraceSpec(num_sessions=args.sessions, num_turns=args.turns)
+    spec = TraceSpec(num_sessions=args.sessions, num_turns=args.turns,
+                     pause_s=make("lognormal", mean=args.pause_mean, sigma=args.pause_sigma, min=1.0, max=60.0),
+                     start_spread_s=args.pause_mean)
     sessions = make_trace(spec, args.seed)
     ws = {"final": working_set_tokens(sessions), **{f"turn_{t}": working_set_tokens(sessions, t) for t in TARGET_TURNS}}
     print(f"{len(sessions)} sessions x {spec.num_turns} turns; working set {ws['final']:,} tokens at the end, "

@@ -84,8 +84,8 @@ def test_long_session_profile_is_deterministic_and_pauses_longer_than_a_turn_tak
     assert [a.conversation(i) for i in range(10)] == [b.conversation(i) for i in range(10)]
     convs = [a.conversation(i) for i in range(200)]
     pauses = [t.think_time_s for c in convs for t in c.turns[1:]]
-    assert sum(pauses) / len(pauses) > 3.0  # a turn takes about a second on CPU at the knee
-    assert max(pauses) > 15 and min(pauses) >= 0.5  # lognormal: a long tail
+    assert sum(pauses) / len(pauses) > 2.0  # a turn takes well under a second on CPU at the knee
+    assert max(pauses) > 10 and min(pauses) >= 0.3  # lognormal: a long tail
     roleplay = Workload(get_profile("cpu-roleplay"), 11, EstimateCounter())
     assert min(len(c.turns) for c in convs) >= 6
     assert sum(c.tokens for c in a.cards) / len(a.cards) > 2 * sum(c.tokens for c in roleplay.cards) / len(roleplay.cards)

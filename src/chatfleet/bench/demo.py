@@ -45,10 +45,10 @@ class DemoConfig:
     price_per_gpu_hour: float | None = None
     threads: int = 2
     duration_s: float = 8.0
-    warmup_s: float = 4.0
-    start: int = 2
+    warmup_s: float = 3.0
+    start: int = 4
     max_level: int = 64
-    max_points: int = 5
+    max_points: int = 4
     repeats: int = 2
     seed: int = 0
     parallel: bool = False  # every series at once (threads each); default: one after the other
@@ -89,7 +89,8 @@ def kv_budget_bytes(model_dir: Path, tokens: int, dtype: str = "float32") -> int
     return memory_breakdown(config, dtype=dtype, kv_cache_tokens=tokens).kv_pool_bytes
 
 
-def _sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResult:
+def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResult:
+    """Start the series' server, sweep it to the knee under ``cfg``'s protocol, stop it."""
     con.print(f"[bold]{series.name}[/]: {series.describe()}")
     with start_server(series, cfg.out_dir) as url:
         load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
@@ -133,10 +134,10 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     con.print(f"tuned techniques: {tuned.describe()}")
     if cfg.parallel:
         with ThreadPoolExecutor(len(series)) as ex:
-            futs = {s.name: ex.submit(_sweep_series, cfg, s, con) for s in series}
+            futs = {s.name: ex.submit(sweep_series, cfg, s, con) for s in series}
             sweeps = {name: f.result() for name, f in futs.items()}
     else:
-        sweeps = {s.name: _sweep_series(cfg, s, con) for s in series}
+        sweeps = {s.name: sweep_series(cfg, s, con) for s in series}
     fleets = {n: (plan_fleet(s.knee, cfg.peak_chats, cfg.headroom, cfg.price_per_gpu_hour) if s.knee else None)
               for n, s in sweeps.items()}
     for n, s in sweeps.items():

@@ -88,7 +88,7 @@ PROFILES: dict[str, WorkloadProfile] = {
         user_tokens=make("lognormal", mean=32, sigma=0.6, min=6, max=120),
         reply_tokens=make("uniform", low=10, high=20),
         turns=make("uniform", low=6, high=14),
-        think_time_s=make("lognormal", mean=4.0, sigma=0.9, min=0.5, max=60.0),
+        think_time_s=make("lognormal", mean=2.5, sigma=0.9, min=0.3, max=60.0),
         max_prompt_tokens=1536,
     ),
 }

@@ -27,6 +27,7 @@ def demo(
                                   "instead of one after the other."),
     duration: float = typer.Option(_D.duration_s, "--duration", help="Measured seconds per load point."),
     warmup: float = typer.Option(_D.warmup_s, "--warmup", help="Warmup seconds per load point."),
+    start: int = typer.Option(_D.start, "--start", help="First load level (live chats); doubled until the SLO breaks."),
     max_points: int = typer.Option(_D.max_points, "--max-points", help="Most load points per series."),
     repeats: int = typer.Option(_D.repeats, "--repeats", help="Runs per load point (the knee's spread)."),
     kv_cache_tokens: int = typer.Option(_D.kv_cache_tokens, "--kv-cache-tokens",
@@ -46,7 +47,7 @@ def demo(
         tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
         cfg = DemoConfig(model=model, profile=profile, slo=slo, peak_chats=peak, headroom=headroom,
                          price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
-                         warmup_s=warmup, max_points=max_points, repeats=repeats, kv_cache_tokens=kv_cache_tokens,
+                         warmup_s=warmup, start=start, max_points=max_points, repeats=repeats, kv_cache_tokens=kv_cache_tokens,
                          techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed, **kw)
         run_demo(cfg)
     except ChatfleetError as e:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from chatfleet.cli.errors import check_port
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
+from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.errors import ChatfleetError
 
 _E, _C, _S = EngineConfig(), CacheConfig(), SchedulerConfig()
@@ -66,6 +68,9 @@ def engine(
     max_queue_delay: float = typer.Option(
         _S.max_queue_delay, "--max-queue-delay", help="Seconds after which a waiting request goes first (lpm)."
     ),
+    lpm_host_weight: float = typer.Option(
+        _S.lpm_host_weight, "--lpm-host-weight", help="lpm: a host-tier hit token counts this much of a device hit."
+    ),
     max_batched_tokens: int = typer.Option(
         _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
     ),
@@ -119,8 +124,11 @@ def engine(
                 enable_chunked_prefill=not no_chunked_prefill,
                 policy=scheduling_policy,
                 max_queue_delay=max_queue_delay,
+                lpm_host_weight=lpm_host_weight,
             ),
         )
+        check_port(host, port)
+        check_kv_fits(config.cache.memory_bytes or 0, config.cache.host_memory_bytes, config.device)
         if threads is not None:
             import torch
 

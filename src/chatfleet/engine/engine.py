@@ -17,6 +17,7 @@ from chatfleet.engine.config import EngineConfig, engine_memory
 from chatfleet.engine.kv.hybrid import HybridKVManager
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
+from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.engine.output_processor import OutputProcessor
 from chatfleet.engine.outputs import RequestOutput, RunnerOutput
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
@@ -67,6 +68,7 @@ class Engine:
             num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
             if host_plan is not None:
                 log.info("host tier: %s", host_plan.describe())
+            check_kv_fits(self.pool_plan.num_bytes, host_plan.num_bytes if host_plan else 0, config.device)
             runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
                                  num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
                                  kv_scales_from_prompts=config.kv_scales_from_prompts)

@@ -217,3 +217,4 @@ def read_llama(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
 
 # Readers that live in their own modules register on import.
 from chatfleet.plan import gemma4_reader  # noqa: E402,F401
+from chatfleet.plan import readers  # noqa: E402,F401  (qwen3_moe, gemma3_text)

@@ -30,6 +30,7 @@ from chatfleet.engine.api.responders import (
 )
 from chatfleet.engine.api.serving import (
     chat_prompt_ids,
+    template_tools,
     chat_sampling_params,
     completion_prompt,
     completion_sampling_params,
@@ -196,7 +197,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         async def handle() -> Response:
             state.check_model(body.model)
-            prompt_ids = chat_prompt_ids(tok, body.messages, body.add_generation_prompt)
+            prompt_ids = chat_prompt_ids(tok, body.messages, body.add_generation_prompt, template_tools(body))
             params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt_ids, params, body.cache_salt,
