@@ -91,12 +91,13 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
         wall = time.perf_counter() - t
     except ChatfleetError as e:
         _fail(e)
-    name = f"simulated {g.name} ({replica.num_blocks * s.block_size} KV tokens, cap {max_running})"
+    kv_tokens = replica.num_blocks * s.block_size * replica.token_scale
+    name = f"simulated {g.name} ({kv_tokens} KV tokens, cap {max_running})"
     out.print(ui.sweep_table(res, f"{name} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"predicted knee: [bold]{knee}[/]  ({wall:.1f} s of wall time)")
     settings = {"argv": __import__("sys").argv[1:], "simulated": True, "gpu": g.to_yaml_entry() | {"name": g.name},
-                "serving": {"weights": weights, "kv": kv, "kv_tokens": replica.num_blocks * s.block_size,
+                "serving": {"weights": weights, "kv": kv, "kv_tokens": kv_tokens, "token_scale": token_scale,
                             "host_blocks": replica.num_host_blocks, "max_running": max_running,
                             "max_batched_tokens": max_batched_tokens},
                 "profile": profile, "tokenizer": counter.name, "protocol": {"load": vars(proto.load), "slo": slo},

@@ -114,3 +114,12 @@ def test_history_with_calls_and_results_renders_and_forced_choice_is_refused(ser
         server.client.chat.completions.create(model="sim", messages=MESSAGES, tools=TOOLS, tool_choice="required",
                                               max_tokens=5)
     assert server.client.models.list().data  # still healthy
+
+
+def test_logprob_tokens_as_token_ids_echo_the_exact_prompt(server):
+    ids = server.tok.encode("hello there")
+    r = server.client.completions.create(model="sim", prompt=ids, max_tokens=2, echo=True, logprobs=0,
+                                         temperature=0, extra_body={"return_tokens_as_token_ids": True})
+    tokens = r.choices[0].logprobs.tokens
+    assert tokens[:len(ids)] == [f"token_id:{i}" for i in ids]
+    assert tokens[len(ids):] == [f"token_id:{i}" for i in server.runner.script[:2]]
