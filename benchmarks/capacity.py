@@ -47,7 +47,7 @@ from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
 from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SERIES = ("stock", "host_tier", "session_eviction", "lpm", "cap", "all", "vllm")
+SERIES = ("vllm", "stock", "host_tier", "session_eviction", "lpm", "cap", "all")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,11 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     con.print(f"device KV budget {args.kv_cache_tokens:,} tokens ({budget / 2**20:.1f} MiB float32), profile "
               f"{args.profile}, SLO {args.slo}, {args.threads} thread(s) per engine")
     specs = series_specs(args, model_dir, settings)
-    sweeps = {}
+    sweeps, failed = {}, {}
     for s in specs:
         t0 = time.monotonic()
-        sweeps[s.name] = sweep_series(cfg, s, con)
+        try:
+            sweeps[s.name] = sweep_series(cfg, s, con)
+        except Exception as e:  # a server that does not start is reported, the others still run
+            failed[s.name] = f"{type(e).__name__}: {e}"[:2000]
+            con.print(f"[red]{s.name} failed:[/] {failed[s.name][:500]}")
+            continue
         con.print(f"  {s.name}: knee {sweeps[s.name].knee} ({time.monotonic() - t0:.0f} s)")
+    specs = [s for s in specs if s.name in sweeps]
     rows = {}
     for s in specs:
         res = sweeps[s.name]
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "capacity", "created_unix": time.time(), "argv": sys.argv[1:],
            "settings": {**vars(args), "vllm_python": str(args.vllm_python), "out": str(args.out),
                         "kv_budget_bytes": budget, "techniques": asdict(settings)},
-           "series_args": {s.name: s.describe() for s in specs}, "rows": rows, "probe": probe,
+           "series_args": {s.name: s.describe() for s in specs}, "failed": failed, "rows": rows, "probe": probe,
            "host_reload_speedup": speedup, "replay_target": replay_target, "targets": targets,
            "sweeps": {n: sweep_to_dict(r, with_records=False) for n, r in sweeps.items()}}
     out = write_json(doc, args.out or RESULTS_DIR / f"{run_dir.name}.json")

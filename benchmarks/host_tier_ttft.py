@@ -78,6 +78,7 @@ def returning_turn(engine: Engine, rng: random.Random, vocab: int, history: int,
         "ttft_s": ttft, "prompt_tokens": len(back), "cached_tokens": cached, "first_token": tokens[0],
         "promoted_blocks": (after.host_promotions or 0) - (before.host_promotions or 0),
         "load_seconds": (after.kv_seconds_loading or 0.0) - (before.kv_seconds_loading or 0.0),
+        "store_seconds": (after.kv_seconds_storing or 0.0) - (before.kv_seconds_storing or 0.0),
     }
 
 
@@ -115,11 +116,12 @@ def main() -> int:
     med = {name: statistics.median(r["ttft_s"] for r in rs) for name, rs in rows.items()}
     print(f"model {args.model}, history {args.history} tokens + {args.new} new, KV {per_token} B/token,"
           f" {args.threads} thread(s), median of {args.repeats} (machine shared: ratios, not absolutes)")
-    print(f"{'setup':<10} {'TTFT ms':>9} {'x recompute':>12} {'cached tok':>11} {'promoted blk':>13} {'load ms':>8}")
+    print(f"{'setup':<10} {'TTFT ms':>9} {'x recompute':>12} {'cached tok':>11} {'promoted blk':>13} {'load ms':>8} {'store ms':>9}")
     for name, rs in rows.items():
         r = rs[-1]
         print(f"{name:<10} {med[name] * 1e3:9.1f} {med['recompute'] / med[name]:12.1f} {r['cached_tokens']:>11}"
-              f" {r['promoted_blocks']:>13} {statistics.median(x['load_seconds'] for x in rs) * 1e3:8.2f}")
+              f" {r['promoted_blocks']:>13} {statistics.median(x['load_seconds'] for x in rs) * 1e3:8.2f}"
+              f" {statistics.median(x['store_seconds'] for x in rs) * 1e3:9.2f}")
     print(f"same greedy first token in every setup: {same_output}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"host_tier_ttft_{int(time.time())}.json"

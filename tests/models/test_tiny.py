@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import SIZES, build_tiny_model, resolve_model
+from chatfleet.models.tiny import CACHE_VERSION, SIZES, build_tiny_model, resolve_model
 
 
 def _sha(path) -> str:
@@ -79,12 +79,12 @@ def test_small_size_shape(tmp_path):
 def test_resolve_builds_once_into_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATFLEET_CACHE", str(tmp_path / "cache"))
     first = resolve_model("tiny")
-    assert first == tmp_path / "cache" / "models" / "tiny-v1"
+    assert first == tmp_path / "cache" / "models" / f"tiny-{CACHE_VERSION}"
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     assert resolve_model("tiny") == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     assert resolve_model(str(first)) == first
-    assert [p.name for p in first.parent.iterdir()] == ["tiny-v1"]  # no temp folder left behind
+    assert [p.name for p in first.parent.iterdir()] == [f"tiny-{CACHE_VERSION}"]  # no temp folder left behind
 
 
 def test_resolve_errors(tmp_path):

@@ -176,4 +176,38 @@ def test_simulated_point_writes_the_sweep_result_format(tmp_path):
     assert all(r.ttft_s > 0 and r.output_tokens == r.expected_tokens for r in run.records if not r.warmup and r.end_s)
     assert run.summary.hit_rate and run.summary.hit_rate > 0.3  # returning turns hit their history
     path = write_json(result_document("sweep", {}, {"sim": sweep_to_dict(res)}), tmp_path / "r.json")
+    # the open loop: new chats arrive as a Poisson process
+    proto_open = sim_protocol(LoadSpec("open", 0.5, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=1s"))
+    run_open = simulate_point(proto_open, 0.5, lambda seed: Workload(profile, seed, EstimateCounter()),
+                              plan).points[0].runs[0]
+    assert 3 <= run_open.conversations <= 25 and run_open.summary.ok > 10
     assert load_result(path)["series"]["sim"]["points"][0]["level"] == 4
+
+
+def test_coarse_time_charges_k_real_steps_and_reports_real_tokens():
+    gpu = load_catalog().get("L4")
+    model = ModelCost(10**9, 2e9, 1024, (GroupCost(8, 1024, None, 16 * 8 * 1024),), "bf16")
+    exact, coarse = StepCostModel(model, gpu), StepCostModel(model, gpu, token_scale=4)
+    p = _params(1)
+    decode_sim = SchedulerOutput([ScheduledChunk("x", [1], 100, [], True, p, 0)])
+    decode_real = SchedulerOutput([ScheduledChunk("x", [1], 401, [], True, p, 0)])  # 100 x 4 + (4 - 1) / 2
+    assert coarse(decode_sim) == pytest.approx(4 * exact.cost(decode_real).total_s, rel=1e-3)
+
+    from chatfleet.plan.memory_report import read_model_config
+    from chatfleet.plan.replica_setup import ServingConfig, replica_plan
+
+    cfg, _ = read_model_config("small")
+    proto = sim_protocol(LoadSpec("closed", 6, duration_s=30, warmup_s=3), parse_slo("ttft_p99<=2s"))
+    runs = {}
+    for k in (1, 4):
+        plan = replica_plan(cfg, load_catalog().get("cpu"), ServingConfig(weights="fp32", kv_cache_tokens=8192),
+                            token_scale=k)
+        assert plan.num_blocks == 8192 // 16 // k
+        res = simulate_point(proto, 6, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()), plan)
+        runs[k] = res.points[0].runs[0]
+    for k in (1, 4):
+        done = [r for r in runs[k].records if r.status == "ok" and r.end_s is not None]
+        assert done and all(r.output_tokens == r.expected_tokens == len(r.itl_s) + 1 for r in done)
+    s1, s4 = runs[1].summary, runs[4].summary
+    assert s4.latency["itl"]["p50"] == pytest.approx(s1.latency["itl"]["p50"], rel=0.25)
+    assert s4.hit_rate == pytest.approx(s1.hit_rate, abs=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from rich.console import Console
@@ -10,12 +11,32 @@ from rich.table import Table
 
 from chatfleet.bench.breakdown import Breakdown
 from chatfleet.bench.fleet import FleetPlan
-from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
+from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.stats import RunSummary
 from chatfleet.bench.sweep import Observer, RunRecord, SweepResult
 from chatfleet.bench.workload_stats import WorkloadStats
+from chatfleet.errors import ConfigError
+
+DEFAULT_STATS = {"ttft": "p99", "itl": "p99", "reply": "p95"}
+
+
+def shown_stats(slo: str | None) -> dict[str, str]:
+    """Which percentile to show per metric: the one the SLO names, else ``DEFAULT_STATS``."""
+    stats = dict(DEFAULT_STATS)
+    if slo:
+        with contextlib.suppress(ConfigError):
+            for t in parse_slo(slo).targets:
+                stats[t.metric] = t.stat
+    return stats
+
+
+def _stat(s: RunSummary, metric: str, stat: str) -> float:
+    value = s.latency.get(metric, {}).get(stat)
+    value = s.slo_values.get(f"{metric}_{stat}") if value is None else value
+    return float("nan") if value is None else value
 
 
 def _ms(v: float | None) -> str:
@@ -61,12 +82,14 @@ class ProgressObserver(Observer):
             self.progress.stop()
             self.progress = None
         s = run.summary
+        stats = dict(DEFAULT_STATS, **dict(k.split("_", 1) for k in s.slo_values))  # the SLO's own
         verdict = "[green]meets SLO[/]" if s.slo_passed else "[red]breaks SLO[/]"
         aside = " [yellow](throttled: set aside)[/]" if run.throttled else ""
         hits = "-" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         self.console.print(
-            f"{self.label}load {run.level:g}: {s.requests} req, ttft p99 {_ms(s.latency['ttft']['p99'])}, "
-            f"itl p99 {_ms(s.latency['itl']['p99'])}, goodput {s.goodput:.2f}/s, hits {hits}, "
+            f"{self.label}load {run.level:g}: {s.requests} req, "
+            f"ttft {stats['ttft']} {_ms(_stat(s, 'ttft', stats['ttft']))}, "
+            f"itl {stats['itl']} {_ms(_stat(s, 'itl', stats['itl']))}, goodput {s.goodput:.2f}/s, hits {hits}, "
             f"{s.errors + s.rate_limited + s.timeouts} failed: {verdict}{aside}"
         )
 
@@ -93,16 +116,18 @@ def run_facts(s: RunSummary) -> Table:
 
 
 def sweep_table(res: SweepResult, title: str) -> Table:
+    """One row per load point; latency columns show the percentiles the SLO names."""
     t = Table(title=title)
-    for c in ("load", "SLO", "goodput/s", "ttft p99", "itl p99", "reply p95", "hit rate", "runs"):
+    stats = shown_stats(res.slo)
+    for c in ("load", "SLO", "goodput/s", *(f"{m} {stats[m]}" for m in ("ttft", "itl", "reply")), "hit rate", "runs"):
         t.add_column(c, justify="right")
     for p in res.points:
         kept = p.kept
         mean = lambda f: sum(f(r.summary) for r in kept) / len(kept)  # noqa: E731
         hr = [r.summary.hit_rate for r in kept if r.summary.hit_rate is not None]
         t.add_row(f"{p.level:g}" + (" *" if p.level == res.knee else ""), "met" if p.passed else "[red]broken[/]",
-                  f"{p.intervals['goodput'].mean:.2f}", _ms(mean(lambda s: s.latency["ttft"]["p99"])),
-                  _ms(mean(lambda s: s.latency["itl"]["p99"])), _ms(mean(lambda s: s.latency["reply"]["p95"])),
+                  f"{p.intervals['goodput'].mean:.2f}",
+                  *(_ms(mean(lambda s, m=m: _stat(s, m, stats[m]))) for m in ("ttft", "itl", "reply")),
                   f"{sum(hr) / len(hr):.0%}" if hr else "-", str(len(p.runs)))
     return t
 

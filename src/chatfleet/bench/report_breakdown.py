@@ -67,16 +67,16 @@ def figure(series: dict[str, dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig.subplots_adjust(wspace=0.45)
+    found = series_breakdowns(series)
     for ax, attr, xlabel in ((axes[0], "by_turn", "turn index in the conversation"),
                              (axes[1], "by_pause", "pause before the turn")):
         twin = ax.twinx()
-        labels: list[str] = []
-        for i, (name, (level, bd)) in enumerate(series_breakdowns(series).items()):
+        orders = {g.key: g.order for _, bd in found.values() for g in getattr(bd, attr)}
+        labels = sorted(orders, key=orders.__getitem__)  # one x axis for every series
+        for i, (name, (level, bd)) in enumerate(found.items()):
             groups = getattr(bd, attr)
-            for g in groups:
-                if g.key not in labels:
-                    labels.append(g.key)
             xs = [labels.index(g.key) for g in groups]
             ax.plot(xs, [g.hit_rate if g.hit_rate is not None else float("nan") for g in groups], "-o",
                     color=f"C{i}", label=f"{name} hit rate (load {level:g})")

@@ -22,6 +22,7 @@ from chatfleet.testing.engines import Fleet, FleetConfig
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_VLLM_PYTHON = REPO / "benchmarks" / ".venv-vllm" / "bin" / "python"
 VLLM_SERVED_NAME = "bench"
+VLLM_CPU_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,15 @@ class SeriesSpec:
                    missing=engine.missing)
 
     @classmethod
-    def vllm(cls, name: str, model_dir: Path, kv_bytes: int, max_model_len: int, threads: int,
+    def vllm(cls, name: str, model_dir: Path, kv_bytes: int, pool_tokens: int, threads: int,
              python: Path | None = None, dtype: str = "float32") -> "SeriesSpec":
         python = Path(python) if python else DEFAULT_VLLM_PYTHON
         if not python.exists():
             raise ConfigError(f"vLLM's CPU build is not installed at {python} "
                               "(bash benchmarks/setup_baselines.sh vllm)")
+        # vLLM's CPU backend keeps one block (128 tokens) of the pool back: it refuses a context as
+        # long as the whole pool, so its longest context is one block shorter than ours.
+        max_model_len = max(VLLM_CPU_BLOCK, pool_tokens - VLLM_CPU_BLOCK)
         args = ("--dtype", dtype, "--served-model-name", VLLM_SERVED_NAME, "--max-model-len", str(max_model_len),
                 "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details",
                 "--uvicorn-log-level", "warning")

@@ -15,11 +15,12 @@ from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.fleet import plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.workload import PROFILES, get_profile
-from chatfleet.errors import ChatfleetError
+from chatfleet.cli.errors import check_reachable, fail
+from chatfleet.errors import ChatfleetError, ConfigError
 
 _L = LoadSpec("closed", 1)
 _P = RunProtocol("http://127.0.0.1:8000", _L, parse_slo("ttft_p99<=1s"))
@@ -53,9 +54,7 @@ O_KEY = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer to
 
 
 def _fail(e: Exception) -> None:
-    msg = e.message if isinstance(e, ChatfleetError) else str(e)
-    err.print(f"[red]error:[/] {msg}")
-    raise typer.Exit(2)
+    fail(e.message if isinstance(e, ChatfleetError) else str(e))
 
 
 def _protocol(url, mode, duration, warmup, repeats, seed, kind, no_verify, floor, transport, history, slo, max_req,
@@ -103,6 +102,7 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
                           transport, history, slo, max_requests, level, api_key)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
+        check_reachable(url, proto.headers)
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
         point = _with_bench(proto, client, make, lambda b: b.run_point(level))
@@ -144,6 +144,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
         spec = SweepSpec(start, max_level, growth, resolution, max_points)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
+        check_reachable(url, proto.headers)
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
         res = _with_bench(proto, client, make, lambda b: sweep(b, spec))
@@ -170,7 +171,9 @@ def fleet_cmd(result: Path = typer.Argument(..., help="JSON result of `chatfleet
               headroom: float = typer.Option(0.0, "--headroom", help="Provision this share above the peak."),
               price: float | None = typer.Option(None, "--price", help="Price per GPU-hour."),
               gpus_per_replica: int = typer.Option(1, "--gpus-per-replica", help="GPUs one replica uses."),
-              series: str | None = typer.Option(None, "--series", help="Which series of the result (default: all).")) -> None:
+              series: str | None = typer.Option(None, "--series", help="Which series of the result (default: all)."),
+              level: float | None = typer.Option(None, "--level", help="Chats one replica holds, for a result "
+                                                 "without a measured knee (e.g. one `chatfleet bench` point).")) -> None:
     """Fleet size from a sweep: replicas = ceil(peak x (1 + headroom) / knee), and the cost."""
     try:
         doc = load_result(result)
@@ -179,11 +182,28 @@ def fleet_cmd(result: Path = typer.Argument(..., help="JSON result of `chatfleet
         for n in names:
             if n not in doc["series"]:
                 raise ChatfleetError(f"no series {n!r} in {result}; it has: {', '.join(doc['series'])}")
-            knee = doc["series"][n]["knee"]
-            plans[n] = plan_fleet(knee, peak, headroom, price, gpus_per_replica) if knee else None
+            plans[n] = plan_fleet(_knee_of(doc["series"][n], n, level), peak, headroom, price, gpus_per_replica)
     except ChatfleetError as e:
         _fail(e)
     out.print(ui.fleet_table(plans, f"fleet for {peak} peak chats"))
+
+
+def _knee_of(series: dict, name: str, level: float | None) -> float:
+    """The series' measured knee: a passing level with a failing one above it. Without one (a
+    single `bench` point, or a sweep that never broke the SLO) only an explicit --level sizes."""
+    if level is not None:
+        if not level > 0:
+            raise ConfigError(f"--level must be > 0, got {level:g}")
+        return level
+    knee, reached = series.get("knee"), series.get("knee_reached")
+    if knee and reached:
+        return knee
+    if knee:
+        why = f"its highest level, {knee:g}, still met the SLO, so the knee may lie higher"
+    else:
+        why = "no level met the SLO"
+    raise ConfigError(f"series {name!r} has no measured knee ({why}); run `chatfleet sweep`, or give "
+                      "--level N to size for N chats per replica")
 
 
 def workload_cmd(profile: str = O_PROFILE, tokenizer: str | None = O_TOKENIZER, seed: int = O_SEED,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from chatfleet.cli.errors import check_port
 from chatfleet.engine.api.options import API_KEY_ENV, ServerOptions
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
+from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.errors import ChatfleetError
 
 _E, _C, _S, _O = EngineConfig(), CacheConfig(), SchedulerConfig(), ServerOptions()
@@ -41,6 +43,15 @@ def engine(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
     ),
     block_size: int = typer.Option(_C.block_size, "--block-size", help="Tokens per KV block."),
+    sliding_memory_fraction: float | None = typer.Option(
+        None, "--sliding-memory-fraction",
+        help="Sliding-window/full-attention models: share of KV memory for the sliding-window layers' pool "
+             "(default: in proportion to what one long request needs per layer group).",
+    ),
+    keep_slid_out_blocks: bool = typer.Option(
+        _C.keep_slid_out_blocks, "--keep-slid-out-blocks/--no-keep-slid-out-blocks",
+        help="Blocks that slid out of the window stay cached for the next turn (else freed at once).",
+    ),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Turn prefix caching off."),
     host_cache_memory: str | None = typer.Option(
         None, "--host-cache-memory",
@@ -57,6 +68,9 @@ def engine(
     ),
     max_queue_delay: float = typer.Option(
         _S.max_queue_delay, "--max-queue-delay", help="Seconds after which a waiting request goes first (lpm)."
+    ),
+    lpm_host_weight: float = typer.Option(
+        _S.lpm_host_weight, "--lpm-host-weight", help="lpm: a host-tier hit token counts this much of a device hit."
     ),
     max_batched_tokens: int = typer.Option(
         _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
@@ -114,6 +128,8 @@ def engine(
                 eviction_policy=eviction_policy,
                 host_memory_bytes=parse_memory_size(host_cache_memory) if host_cache_memory else 0,
                 host_eviction_policy=host_eviction_policy,
+                sliding_memory_fraction=sliding_memory_fraction,
+                keep_slid_out_blocks=keep_slid_out_blocks,
             ),
             scheduler=SchedulerConfig(
                 max_batched_tokens=max_batched_tokens,
@@ -122,8 +138,11 @@ def engine(
                 enable_chunked_prefill=not no_chunked_prefill,
                 policy=scheduling_policy,
                 max_queue_delay=max_queue_delay,
+                lpm_host_weight=lpm_host_weight,
             ),
         )
+        check_port(host, port)
+        check_kv_fits(config.cache.memory_bytes or 0, config.cache.host_memory_bytes, config.device)
         if threads is not None:
             import torch
 

@@ -35,6 +35,7 @@ def gate(
     roleplay_conversations: int = typer.Option(_S.roleplay_conversations, "--roleplay-conversations"),
     roleplay_max_tokens: int = typer.Option(_S.roleplay_max_tokens, "--roleplay-max-tokens"),
     tools_max_tokens: int = typer.Option(_S.tools_max_tokens, "--tools-max-tokens"),
+    tools_limit: int | None = typer.Option(None, "--tools-limit", help="Only the first N cases (plumbing checks)."),
     aa_items: int = typer.Option(_S.aa_items, "--aa-items", help="Items the baseline answers twice (A/A check)."),
     seed: int = typer.Option(_P.seed, "--seed", help="Sent as the sampling seed; also seeds the workload."),
     concurrency: int = typer.Option(4, "--concurrency", help="Requests in flight per server."),
@@ -52,7 +53,8 @@ def gate(
             timeout_s=timeout, sampling=SamplingSettings(seed=seed),
             settings=SuiteSettings(seed=seed, aa_items=aa_items, gsm8k_path=gsm8k, gsm8k_fewshot_path=gsm8k_fewshot,
                                    gsm8k_limit=gsm8k_limit, gsm8k_shots=gsm8k_shots, gsm8k_max_tokens=gsm8k_max_tokens,
-                                   tools_max_tokens=tools_max_tokens, roleplay_conversations=roleplay_conversations,
+                                   tools_max_tokens=tools_max_tokens, tools_limit=tools_limit,
+                                   roleplay_conversations=roleplay_conversations,
                                    roleplay_max_tokens=roleplay_max_tokens))
         if "gsm8k" in config.suites and gsm8k is None:
             raise ChatfleetError("the gsm8k suite needs --gsm8k PATH (or leave it out of --suite)")

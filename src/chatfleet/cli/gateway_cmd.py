@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from chatfleet.cli.errors import check_port
 from chatfleet.errors import ChatfleetError, ConfigError
 from chatfleet.gateway.config import GatewayConfig, Profile, load_profile, read_knee
 
@@ -67,20 +68,6 @@ def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, sessi
             "connect_timeout_s": connect_timeout, "read_timeout_s": read_timeout,
             "total_timeout_s": total_timeout, "max_body_bytes": max_body_bytes,
             "max_queued_new": max_queued_new, "session_ttl_s": session_ttl}
-
-
-def check_port(host: str, port: int) -> None:
-    """Fail now, before any engine starts, if the gateway could not listen on HOST:PORT."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                              "choose another --port or --host") from None
 
 
 def client_address(host: str, port: int) -> str:

@@ -1,11 +1,14 @@
 """The `chatfleet` command: thin typer commands; defaults come from the config dataclasses.
 
-Each command group lives in its own module with a ``register(app)`` function.
+Each command group lives in its own module with a ``register(app)`` function. Every command
+fails the same way (``cli/errors.py``): one line on stderr, exit code 2, no traceback.
 """
 
 from __future__ import annotations
 
 import typer
+
+from chatfleet.cli.errors import guard_all
 
 from chatfleet.cli import bench_cmd, demo_cmd, engine_cmd, gate_cmd, gateway_cmd, model_cmd, plan_cmd
 
@@ -18,6 +21,7 @@ app = typer.Typer(
 
 for module in (model_cmd, engine_cmd, bench_cmd, gateway_cmd, demo_cmd, plan_cmd, gate_cmd):
     module.register(app)
+guard_all(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,10 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import pickle
 import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from chatfleet.bench.personas import LANGUAGES
 
@@ -40,12 +44,37 @@ def script_share(text: str, script: str) -> float:
     return sum(1 for ch in letters if unicodedata.name(ch, "").startswith(script)) / len(letters)
 
 
+_IDENT_FIELDS = ("nb_ptc", "nb_pc", "nb_numfeats", "nb_classes", "tk_nextmove", "tk_output")
+
+
 @functools.lru_cache(maxsize=1)
 def _identifier():
-    from langid.langid import LanguageIdentifier, model
+    """langid's identifier restricted to the workload's languages.
+
+    Unpacking langid's shipped model takes seconds (millions of floats from a compressed
+    pickle), so the restricted model is kept once in the chatfleet cache folder.
+    """
+    from langid.langid import LanguageIdentifier
+
+    # The root of chatfleet.models.tiny.cache_root(), without importing torch through it.
+    root = Path(os.environ.get("CHATFLEET_CACHE") or Path.home() / ".cache" / "chatfleet")
+    path = root / "langid" / f"ident-{'-'.join(LANGUAGES)}-v1.pkl"
+    try:
+        with path.open("rb") as f:
+            fields = pickle.load(f)
+        return LanguageIdentifier(*fields, norm_probs=True)
+    except (OSError, pickle.UnpicklingError, EOFError, TypeError, ValueError):
+        pass
+    from langid.langid import model
 
     ident = LanguageIdentifier.from_modelstring(model, norm_probs=True)
     ident.set_languages(list(LANGUAGES))
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with tmp.open("wb") as f:
+            pickle.dump(tuple(getattr(ident, k) for k in _IDENT_FIELDS), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
     return ident
 
 

@@ -15,7 +15,7 @@ from chatfleet.gate.client import GateClient, SamplingSettings, ServerIdentity, 
 from chatfleet.gate.suite import SUITES, Progress, SuiteContext, SuiteResult, SuiteSettings, Verdict
 
 # Importing the suites registers them.
-from chatfleet.gate import gsm8k, roleplay  # noqa: F401,E402  isort: skip
+from chatfleet.gate import gsm8k, roleplay, tools  # noqa: F401,E402  isort: skip
 
 EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INVALID: 2}
 

@@ -116,6 +116,8 @@ def _bisect(f, lo: float, hi: float, tol: float = 1e-10) -> float:
 
 def tango_interval(table: PairedTable, confidence: float = 0.95) -> Interval:
     z, n, g, l_ = _z(confidence), table.n, table.candidate_only, table.baseline_only
+    if n == 0:  # no pairs: no information
+        return Interval(-1.0, 1.0, confidence, "tango-score")
     est = table.difference
     low = -1.0 if tango_score(g, l_, n, -1.0) <= z else _bisect(lambda d: tango_score(g, l_, n, d) - z, -1.0, est)
     high = 1.0 if tango_score(g, l_, n, 1.0) >= -z else _bisect(lambda d: tango_score(g, l_, n, d) + z, est, 1.0)
@@ -135,6 +137,8 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 def newcombe_interval(table: PairedTable, confidence: float = 0.95) -> Interval:
     """Newcombe's method 10 (no continuity correction), for candidate minus baseline."""
     a, b, c, d, n = table.both, table.baseline_only, table.candidate_only, table.neither, table.n
+    if n == 0:
+        return Interval(-1.0, 1.0, confidence, "newcombe-10")
     p_cand, p_base = (a + c) / n, (a + b) / n
     l1, u1 = wilson_interval(a + c, n, confidence)
     l2, u2 = wilson_interval(a + b, n, confidence)

@@ -39,6 +39,7 @@ class SuiteSettings:
     gsm8k_sample_temperature: float = 0.7
     # tool calls
     tools_max_tokens: int = 256
+    tools_limit: int | None = None  # only the first N cases (plumbing checks; the decision wants all 40)
     # role-play likelihood
     roleplay_conversations: int = 24
     roleplay_max_tokens: int = 48

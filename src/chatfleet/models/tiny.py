@@ -25,7 +25,7 @@ from chatfleet.errors import ConfigError
 from chatfleet.models.fp8 import FP8_SUFFIX, to_fp8_checkpoint
 from chatfleet.models.corpus import corpus_texts
 
-CACHE_VERSION = "v1"
+CACHE_VERSION = "v2"  # v2: the chat template renders tools and tool calls
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
@@ -35,17 +35,46 @@ SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# ChatML; content may be a string or a list of {"type": "text", "text": ...} parts.
+# ChatML; content may be a string or a list of {"type": "text", "text": ...} parts. With
+# ``tools``, Qwen3's tool layout: the tools as JSON lines in <tools></tools> in the system turn,
+# an assistant's calls as <tool_call>{"name": ..., "arguments": ...}</tool_call>, and tool
+# results grouped into one user turn as <tool_response>...</tool_response>.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- elif message['content'] is not none %}"
-    "{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}"
+    "{%- macro text(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- elif content is not none %}"
+    "{%- for part in content %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
     "{%- endif %}"
+    "{%- endmacro %}"
+    "{%- set ns = namespace(first=0) %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- text(messages[0]['content']) + '\\n\\n' }}{%- set ns.first = 1 %}"
+    "{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages[ns.first:] %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + text(message['content']) + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['function']['arguments'] is string %}{{- call['function']['arguments'] }}"
+    "{%- else %}{{- call['function']['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

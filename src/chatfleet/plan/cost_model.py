@@ -10,6 +10,11 @@ A roofline per step (the batch is one forward pass):
 - time = ``step_overhead + max(FLOPs / (peak x compute), bytes / (bandwidth x memory))
   + transfer bytes / (PCIe x pcie)``, the efficiencies from the catalog entry (``Efficiency``).
   Host-tier transfers run before the forward pass (as the runner does), so they add.
+
+Coarse time (``token_scale=k`` > 1): each simulated token stands for ``k`` real ones and one
+simulated step for ``k`` real steps, each scheduling the chunk's token count at positions ``k``
+times further on (``plan/replica_setup.py`` scales the workload, pool and budgets to match);
+the step costs ``k`` real steps, its transfers once (a simulated block holds ``k`` real blocks).
 """
 
 from __future__ import annotations
@@ -76,7 +81,11 @@ class StepCost:
 class StepCostModel:
     """``model(plan) -> seconds``: what ``SimRunner(cost_model=...)`` charges per step."""
 
-    def __init__(self, model: ModelCost, gpu: GpuSpec, efficiency: Efficiency | None = None) -> None:
+    def __init__(self, model: ModelCost, gpu: GpuSpec, efficiency: Efficiency | None = None,
+                 token_scale: int = 1) -> None:
+        if token_scale < 1:
+            raise ValueError("token_scale must be >= 1")
+        self.token_scale = token_scale
         self.model = model
         self.gpu = gpu
         self.eff = efficiency or gpu.efficiency
@@ -85,13 +94,14 @@ class StepCostModel:
         self._pcie = gpu.pcie_bytes_per_s * self.eff.pcie
 
     def cost(self, plan: SchedulerOutput) -> StepCost:
-        m = self.model
+        m, k = self.model, self.token_scale
         tokens = 0
         kv_bytes = 0.0
         attn_pairs = 0.0  # sum over layers of (token, context token) pairs
         for chunk in plan.chunks:
             n = len(chunk.token_ids)
-            start = chunk.start_position
+            # coarse time: the k real steps' average start position (exact for k == 1)
+            start = chunk.start_position * k + (k - 1) * n / 2
             end = start + n
             tokens += n
             for g in m.groups:
@@ -104,9 +114,9 @@ class StepCostModel:
         moved = 0
         if plan.kv_transfers:
             block = sum(g.block_bytes for g in m.groups)
-            moved = sum(t.num_blocks for t in plan.kv_transfers) * block
-        return StepCost(flops / self._flops, (m.weight_bytes_per_step + kv_bytes) / self._bw,
-                        moved / self._pcie, self.eff.step_overhead_ms / 1e3)
+            moved = sum(t.num_blocks for t in plan.kv_transfers) * block * k
+        return StepCost(k * flops / self._flops, k * (m.weight_bytes_per_step + kv_bytes) / self._bw,
+                        moved / self._pcie, k * self.eff.step_overhead_ms / 1e3)
 
     def __call__(self, plan: SchedulerOutput) -> float:
         return self.cost(plan).total_s

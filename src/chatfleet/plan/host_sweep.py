@@ -49,10 +49,10 @@ class HostSweep:
 
 def sweep_host_sizes(protocol: RunProtocol, level: float, make_workload: Callable[[int], Workload],
                      config: dict[str, Any], gpu: GpuSpec, serving: ServingConfig, sizes: list[int],
-                     fast: bool = True) -> HostSweep:
+                     fast: bool = True, token_scale: int = 1) -> HostSweep:
     points = []
     for size in sorted(sizes):
-        plan = replica_plan(config, gpu, replace(serving, host_cache_bytes=size), fast=fast)
+        plan = replica_plan(config, gpu, replace(serving, host_cache_bytes=size), fast=fast, token_scale=token_scale)
         res = simulate_point(protocol, level, make_workload, plan)
         run = res.points[0].runs[0]
         ttft = run.summary.latency.get("ttft", {}).get("p99")

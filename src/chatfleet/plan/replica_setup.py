@@ -48,14 +48,24 @@ def serving_breakdown(config: dict[str, Any], s: ServingConfig) -> MemoryBreakdo
 
 
 def replica_plan(config: dict[str, Any], gpu: GpuSpec, s: ServingConfig, *, efficiency: Efficiency | None = None,
-                 fast: bool = True) -> ReplicaPlan:
+                 fast: bool = True, token_scale: int = 1) -> ReplicaPlan:
+    """The replica the engine would be. ``token_scale`` k > 1 is coarse time (see
+    ``cost_model.py``): the simulated engine counts in units of k tokens, so its pool has 1/k
+    of the blocks (each holding k real blocks) and 1/k of the context. The per-step token budget
+    stays: a simulated step is k real ones, each giving decodes one token and prefill the rest."""
+    if token_scale < 1 or token_scale & (token_scale - 1):
+        raise ConfigError(f"token scale must be a power of two >= 1, got {token_scale}")
     b = serving_breakdown(config, s)
     assert b.pool is not None
-    num_blocks = b.pool.pools[0].num_blocks  # the engine's pool (one block table for all groups)
-    host_blocks = b.kv_spec.plan_pools(memory_bytes=s.host_cache_bytes).pools[0].num_blocks if s.host_cache_bytes else 0
+    k = token_scale
+    num_blocks = b.pool.pools[0].num_blocks // k  # the engine's pool (one block table for all groups)
+    host_blocks = b.kv_spec.plan_pools(memory_bytes=s.host_cache_bytes).pools[0].num_blocks // k if s.host_cache_bytes else 0
+    if num_blocks < 1:
+        raise ConfigError(f"the KV pool holds under one block at token scale {k}")
     cache = CacheConfig(block_size=s.block_size, num_tokens=num_blocks * s.block_size,
                         eviction_policy=s.eviction_policy, host_memory_bytes=s.host_cache_bytes)
-    engine = EngineConfig(model="simulated", max_model_len=min(b.max_position_embeddings, num_blocks * s.block_size),
-                          cache=cache, scheduler=s.scheduler)
-    return ReplicaPlan(engine, num_blocks, host_blocks, StepCostModel(ModelCost.from_breakdown(b, config), gpu, efficiency),
-                       fast)
+    sched = s.scheduler
+    engine = EngineConfig(model="simulated", max_model_len=min(b.max_position_embeddings // k, num_blocks * s.block_size),
+                          cache=cache, scheduler=sched)
+    cost = StepCostModel(ModelCost.from_breakdown(b, config), gpu, efficiency, token_scale=k)
+    return ReplicaPlan(engine, num_blocks, host_blocks, cost, fast, k)

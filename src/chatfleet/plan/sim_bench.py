@@ -34,11 +34,13 @@ class ReplicaPlan:
     num_host_blocks: int
     cost_model: Callable[[SchedulerOutput], float]
     fast: bool = True  # SimRunner without content checks
+    token_scale: int = 1  # coarse time: one simulated token stands for this many (replica_setup.py)
 
     def build(self, name: str, clock: VirtualClock,
               on_plan: Callable[[SchedulerOutput], None] | None = None) -> SimReplica:
         return SimReplica(name, self.engine, self.num_blocks, self.cost_model, clock,
-                          num_host_blocks=self.num_host_blocks, fast=self.fast, on_plan=on_plan)
+                          num_host_blocks=self.num_host_blocks, fast=self.fast, on_plan=on_plan,
+                          token_scale=self.token_scale)
 
 
 def _no_reset() -> ResetCheck:
@@ -73,7 +75,8 @@ class SimBench(Bench):
 
         start = self.clock()
         try:
-            res = await run_sim_load(workload, target, load, seed, self.clock, self.obs.record_done)
+            res = await run_sim_load(workload, target, load, seed, self.clock, self.obs.record_done,
+                                     token_scale=self.replica.token_scale)
         finally:
             replica.close()
             await asyncio.gather(loop_task, return_exceptions=True)

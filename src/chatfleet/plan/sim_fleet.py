@@ -89,7 +89,8 @@ class FleetBench(SimBench):
                 admission.release(decision.replica)
 
         try:
-            res = await run_sim_load(workload, target, load, seed, self.clock, self.obs.record_done)
+            res = await run_sim_load(workload, target, load, seed, self.clock, self.obs.record_done,
+                                     token_scale=self.replica.token_scale)
         finally:
             for r in replicas.values():
                 r.close()

@@ -8,6 +8,7 @@ Requests are token ids, not text: a character's card is one fixed id sequence (s
 character share its prefix), each user turn its own ids, each reply the ids the engine produced
 (so a returning turn's prompt extends the previous one and hits the prefix cache as it would
 live), with ``TOKENS_PER_MESSAGE`` framing ids around each message as the workload counts them.
+With ``token_scale`` k > 1 (coarse time) every length is divided by k, rounding up.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from chatfleet.bench.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_PROMPT
 from chatfleet.bench.workload import Conversation, Workload
 from chatfleet.plan.virtual_loop import VirtualClock
 
-_HEAD = list(range(1, 1 + TOKENS_PER_PROMPT))
-_FRAME = {role: list(range(10 * i, 10 * i + TOKENS_PER_MESSAGE)) for i, role in enumerate(("system", "user", "assistant"), 1)}
 _ID_LOW, _ID_HIGH = 1000, 1 << 30
 
 
@@ -48,21 +47,29 @@ Target = Callable[[TurnRequest, RequestRecord, float, float], Awaitable[list[int
 class TokenizedWorkload:
     """Token ids for a workload's conversations (cards cached per character)."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, token_scale: int = 1) -> None:
         self.w = workload
+        self.k = token_scale
         self._cards: dict[int, list[int]] = {}
+        self._head = list(range(1, 1 + self.scaled(TOKENS_PER_PROMPT)))
+        self._frame = {role: list(range(10 * i, 10 * i + self.scaled(TOKENS_PER_MESSAGE)))
+                       for i, role in enumerate(("system", "user", "assistant"), 1)}
+
+    def scaled(self, n: int) -> int:
+        return -(-n // self.k)
 
     def _ids(self, n: int, *key: int) -> list[int]:
-        return np.random.default_rng([self.w.seed, *key]).integers(_ID_LOW, _ID_HIGH, size=n).tolist()
+        return np.random.default_rng([self.w.seed, *key]).integers(_ID_LOW, _ID_HIGH, size=self.scaled(n)).tolist()
 
     def card(self, conv: Conversation) -> list[int]:
         ids = self._cards.get(conv.character_id)
         if ids is None:
-            ids = self._cards[conv.character_id] = _HEAD + _FRAME["system"] + self._ids(conv.system_tokens, 0, conv.character_id)
+            ids = self._head + self._frame["system"] + self._ids(conv.system_tokens, 0, conv.character_id)
+            self._cards[conv.character_id] = ids
         return ids
 
     def user(self, conv: Conversation, turn: int) -> list[int]:
-        return _FRAME["user"] + self._ids(conv.turns[turn].user_tokens, 1, conv.conv_id, turn)
+        return self._frame["user"] + self._ids(conv.turns[turn].user_tokens, 1, conv.conv_id, turn)
 
     def prompt(self, conv: Conversation, turn: int, replies: list[list[int]], users: list[list[int]]) -> list[int]:
         """The request of ``turn``: card, the history kept (oldest pairs dropped as the workload
@@ -72,7 +79,7 @@ class TokenizedWorkload:
             first += 1
         out = list(self.card(conv))
         for i in range(first, turn):
-            out += users[i] + _FRAME["assistant"] + replies[i]
+            out += users[i] + self._frame["assistant"] + replies[i]
         return out + users[turn]
 
 
@@ -113,12 +120,13 @@ class _SimRun:
                     return
             self.sent += 1
             rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0, expected_tokens=turn.reply_tokens,
-                                warmup=intended < self.warm_end)
+                                warmup=intended < self.warm_end,
+                                pause_s=(turn.think_time_s if think else 0.0) if ti > 0 else None)
             rec.intended_s = intended - self.t0
             self.records.append(rec)
             users.append(self.tw.user(conv, ti))
             req = TurnRequest(f"s{self.seed}-c{conv.conv_id}-t{ti}", f"s{self.seed}-c{conv.conv_id}", ti > 0,
-                              self.tw.prompt(conv, ti, replies, users), turn.reply_tokens)
+                              self.tw.prompt(conv, ti, replies, users), self.tw.scaled(turn.reply_tokens))
             reply = await self.target(req, rec, self.t0, intended)
             if self.on_record is not None:
                 self.on_record(rec)
@@ -169,9 +177,9 @@ class _SimRun:
 
 
 async def run_sim_load(workload: Workload, target: Target, spec: LoadSpec, seed: int, clock: VirtualClock,
-                       on_record: Callable[[RequestRecord], None] | None = None) -> LoadResult:
+                       on_record: Callable[[RequestRecord], None] | None = None, token_scale: int = 1) -> LoadResult:
     """Drive one load point against ``target`` in virtual time; every record, warmup ones marked."""
-    run = _SimRun(TokenizedWorkload(workload), target, spec, seed, clock, on_record)
+    run = _SimRun(TokenizedWorkload(workload, token_scale), target, spec, seed, clock, on_record)
     main = asyncio.create_task(run.run())
     deadline = run.end - clock() + spec.drain_timeout_s
     done, _ = await asyncio.wait({main}, timeout=max(deadline, 0.0))

@@ -6,6 +6,12 @@
 the step's tokens to their requests, timestamped at the step's end. ``generate()`` submits one
 request and fills its ``RequestRecord`` (TTFT, every inter-token gap, cached tokens) as a
 measured run would. ``on_plan`` sees every ``SchedulerOutput`` (tests compare them).
+
+Coarse time (``token_scale`` k > 1, see ``plan/cost_model.py``): a simulated token is k real
+ones produced over the step's k real steps, so each gets ``cost / k``; the first real token of
+a reply comes after the real steps the engine would need for the prompt's last chunk (its
+tokens at the step's budget left by the decodes, at most k steps); token counts in the record
+are real ones. What coarse time cannot show: arrivals wait for a k-times longer step to end.
 """
 
 from __future__ import annotations
@@ -58,12 +64,15 @@ class _Pending:
 class SimReplica:
     def __init__(self, name: str, config: EngineConfig, num_blocks: int, cost_model: Callable[[SchedulerOutput], float],
                  clock: VirtualClock, *, num_host_blocks: int = 0, fast: bool = True,
-                 on_plan: Callable[[SchedulerOutput], None] | None = None) -> None:
+                 on_plan: Callable[[SchedulerOutput], None] | None = None, token_scale: int = 1) -> None:
         self.name = name
+        self.token_scale = token_scale
         self.clock = clock
         self._cost_model = cost_model
         self._on_plan = on_plan
         self._step_cost = 0.0
+        self._last_plan: SchedulerOutput | None = None
+        self._budget = config.scheduler.max_batched_tokens
         max_len = config.max_model_len or 1 << 20
         self.runner = SimRunner(num_blocks, config.cache.block_size, vocab_size=SIM_VOCAB, max_model_len=max_len,
                                 cost_model=self._charge, num_host_blocks=num_host_blocks, check_contents=not fast)
@@ -77,6 +86,7 @@ class SimReplica:
         if self._on_plan is not None:
             self._on_plan(plan)
         self._step_cost = self._cost_model(plan)
+        self._last_plan = plan
         return self._step_cost
 
     @property
@@ -121,6 +131,13 @@ class SimReplica:
             self.busy_s += cost
             await asyncio.sleep(cost if (outputs or cost > 0) else 1e-3)
             now = self.clock()
+            k = self.token_scale
+            part = cost / k if k > 1 else cost  # one real step of this simulated one
+            firsts: dict[str, int] = {}
+            if k > 1 and self._last_plan is not None:
+                chunks = self._last_plan.chunks
+                left = max(1, self._budget - sum(1 for c in chunks if c.num_tokens == 1))
+                firsts = {c.request_id: min(k, -(-c.num_tokens * k // left)) for c in chunks if c.sample}
             for out in outputs:
                 p = self._pending.get(out.request_id)
                 if p is None:
@@ -129,12 +146,14 @@ class SimReplica:
                 n = len(out.new_token_ids)
                 if n:
                     if p.last is None:
-                        rec.first_token_s = now - p.t0
-                        rec.ttft_s = now - p.intended
-                        rec.itl_s.extend([0.0] * (n - 1))
+                        first = start + part * firsts[out.request_id] if out.request_id in firsts else now
+                        rec.first_token_s = first - p.t0
+                        rec.ttft_s = first - p.intended
+                        rec.itl_s.extend([0.0] * (n - 1) if k == 1 else [part] * (n * k - 1))
+                    elif k == 1:
+                        rec.itl_s.extend([cost if p.last == start else (now - p.last) / n] * n)
                     else:
-                        gap = cost if p.last == start else (now - p.last) / n
-                        rec.itl_s.extend([gap] * n)
+                        rec.itl_s.extend([part if p.last == start else (now - p.last) / (n * k)] * (n * k))
                     p.last = now
                     p.tokens.extend(out.new_token_ids)
                 if out.finished:
@@ -142,8 +161,11 @@ class SimReplica:
                     rec.end_s = now - p.t0
                     rec.reply_s = now - p.intended
                     rec.output_tokens = len(p.tokens)
-                    rec.prompt_tokens = out.num_prompt_tokens
-                    rec.cached_tokens = out.num_cached_tokens
+                    rec.prompt_tokens = out.num_prompt_tokens * k
+                    rec.cached_tokens = out.num_cached_tokens * k
+                    if k > 1:  # the last simulated token may stand for fewer than k real ones
+                        rec.output_tokens = min(len(p.tokens) * k, max(rec.expected_tokens, 1))
+                        del rec.itl_s[max(0, rec.output_tokens - 1):]
                     if out.finish_reason not in ("stop", "length"):
                         rec.status, rec.error = "error", f"finished with {out.finish_reason}"
                     if not p.future.done():  # the caller may have left (drain timeout)

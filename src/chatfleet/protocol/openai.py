@@ -62,10 +62,36 @@ class ContentPart(_Wire):
     text: str | None = None
 
 
+class FunctionDefinition(_Wire):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema
+
+
+class ToolDefinition(_Wire):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionCall(_Wire):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class MessageToolCall(_Wire):
+    """A tool call in an assistant message of the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: the call this result answers
 
     def text(self) -> str:
         """The message's text; only text content parts are allowed (models here are text-only)."""
@@ -191,12 +217,19 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
+
+    @property
+    def tools_active(self) -> bool:
+        """Tools are rendered into the prompt and tool-call text is parsed from the reply."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -283,9 +316,48 @@ class ChatLogprobs(_Out):
     content: list[ChatLogprobToken] | None = None
 
 
+class FunctionCallOut(_Out):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Out):
+    id: str = Field(default_factory=lambda: random_id("call"))
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class DeltaFunctionCall(_Out):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(_Out):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatResponseMessage(_Out):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):  # no "tool_calls" key unless the model called a tool
+        out = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatCompletionChoice(_Out):
@@ -308,6 +380,7 @@ class ChatCompletionResponse(_Out):
 class DeltaMessage(_Out):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):  # a delta carries only the fields that changed

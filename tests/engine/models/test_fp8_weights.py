@@ -15,7 +15,8 @@ from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear, dequantize_weight, quantize_weight
 from chatfleet.engine.models.loader import load_model
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import build_tiny_model, resolve_model
+from chatfleet.models.fp8 import to_fp8_checkpoint
+from chatfleet.models.tiny import resolve_model
 from chatfleet.plan.memory import memory_breakdown
 
 IDS = torch.tensor([5, 900, 17, 2048, 3, 77, 1200, 8, 64, 4000, 311, 12])
@@ -69,10 +70,27 @@ def _dequantized_copy(fp8_folder, dst):
     return dst
 
 
+def _variant(tmp_path, name, fp8=None, untied=False):
+    """A copy of the cached tiny model: as an FP8 checkpoint in ``fp8``'s format, or untied."""
+    dst = tmp_path / name
+    shutil.copytree(resolve_model("tiny"), dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    tensors = load_file(dst / "model.safetensors")
+    if untied:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * 0.5
+        cfg["tie_word_embeddings"] = False
+    if fp8 is not None:
+        tensors = to_fp8_checkpoint(tensors, fp8)
+        cfg.update(torch_dtype="bfloat16", quantization_config=fp8.to_hf())
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 @pytest.mark.parametrize("fmt", [FP8WeightFormat(), FP8WeightFormat("tensor"), FP8WeightFormat("channel")],
                          ids=["block", "tensor", "channel"])
 def test_fp8_checkpoint_equals_its_dequantized_weights(tmp_path, fmt):
-    fp8 = build_tiny_model(tmp_path / "fp8", size="tiny", seed=0, fp8=fmt)
+    fp8 = _variant(tmp_path, "fp8", fp8=fmt)
     plain = _dequantized_copy(fp8, tmp_path / "plain")
     a = load_model(fp8, kernels="torch")
     b = load_model(plain, kernels="torch")
@@ -94,7 +112,7 @@ def test_quantizing_at_load_matches_the_fp8_checkpoint():
 
 
 def test_fp8_scales_missing_is_a_clear_error(tmp_path):
-    folder = build_tiny_model(tmp_path / "m", size="tiny", seed=0, fp8=FP8WeightFormat())
+    folder = _variant(tmp_path, "m", fp8=FP8WeightFormat())
     tensors = load_file(folder / "model.safetensors")
     del tensors["model.layers.1.mlp.up_proj.weight_scale_inv"]
     save_file(tensors, str(folder / "model.safetensors"))
@@ -119,15 +137,17 @@ def test_tied_table_stored_once_even_if_the_folder_has_lm_head(tmp_path):
     ("tiny", {"quantization": "fp8", "embedding_dtype": "fp8"}),
     ("tiny", {"dtype": "bfloat16", "embedding_dtype": "fp8"}),
     ("tiny-fp8", {"dtype": "bfloat16"}),
-    ("small", {"quantization": "fp8", "embedding_dtype": "fp8"}),
+    ("untied", {"quantization": "fp8", "embedding_dtype": "fp8"}),
+    ("untied", {"dtype": "bfloat16"}),
 ])
-def test_breakdown_equals_the_loaded_tensor_bytes(model, options):
-    loaded = load_model(resolve_model(model), kernels="torch", **options)
+def test_breakdown_equals_the_loaded_tensor_bytes(tmp_path, model, options):
+    folder = _variant(tmp_path, model, untied=True) if model == "untied" else resolve_model(model)
+    loaded = load_model(folder, kernels="torch", **options)
     dtype = options.get("dtype", "float32")
     b = memory_breakdown(loaded.hf_config, dtype=dtype, quantization=options.get("quantization"),
                          embedding_dtype=options.get("embedding_dtype", "auto"))
     assert b.weight_bytes == tensor_bytes(loaded.model)
-    assert b.tie_word_embeddings == (model.startswith("tiny"))
+    assert b.tie_word_embeddings == (model != "untied") == (loaded.model.lm_head is None)
 
 
 def test_fp8_embedding_logits_and_lookup_match_dequantized_table():

@@ -107,10 +107,10 @@ class PromptBuilder:
             self.bound.check(text, param)
 
     async def chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
-                   **template_kw: Any) -> list[int]:
-        """Token ids of the rendered chat."""
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the rendered chat (with ``tools`` for templates that render them)."""
         return await self._run(lambda: chat_prompt_ids(
-            self.tokenizer, messages, add_generation_prompt, check_text=self._check, **template_kw))
+            self.tokenizer, messages, add_generation_prompt, tools, check_text=self._check))
 
     async def completion(self, prompt: str | list[int]) -> CompletionPrompt:
         """One completions prompt (a text or token ids) as ids and text."""

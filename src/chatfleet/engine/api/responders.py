@@ -1,4 +1,9 @@
-"""Build chat and legacy-completion responses (whole or as SSE) from a request's output stream."""
+"""Build chat and legacy-completion responses (whole or as SSE) from a request's output stream.
+
+With tools in a chat request, the reply text goes through the model's tool-call parser
+(``tool_parsers.py``): calls become ``tool_calls`` (streamed as ``delta.tool_calls``), and a
+reply that called a tool and stopped by itself finishes with ``finish_reason: "tool_calls"``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet.engine.api.tool_parsers import TOOL_PARSERS, ParsedCall, StreamEvent
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.api.serving import (
     CompletionLogprobsBuilder,
@@ -28,8 +34,13 @@ from chatfleet.protocol.openai import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCallOut,
+    ToolCall,
     now_s,
+    random_id,
 )
 from chatfleet.protocol.sse import DONE, encode_event
 
@@ -40,10 +51,21 @@ class ResponseContext:
     model: str
     tokenizer: Any
     created: int
+    tool_parser: str = "qwen3"  # the served model's tool-call format (TOOL_PARSERS)
 
 
 def _stop_reason(out: RequestOutput) -> int | str | None:
     return out.stop_reason if out.finished else None
+
+
+def _finish_reason(out: RequestOutput, called: bool) -> str | None:
+    if not out.finished:
+        return None
+    return "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
+
+
+def _tool_call(call: ParsedCall) -> ToolCall:
+    return ToolCall(function=FunctionCallOut(name=call.name, arguments=call.arguments))
 
 
 # ------------------------------------------------------------------ chat
@@ -60,10 +82,14 @@ async def chat_response(
             last = out
     text_of = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
     logprobs = chat_logprobs(text_of, lps, req.top_logprobs or 0) if req.logprobs else None
+    content, calls = "".join(text), None
+    if req.tools_active:
+        parsed = TOOL_PARSERS.make(ctx.tool_parser).parse(content)
+        content, calls = parsed.content, [_tool_call(c) for c in parsed.calls] or None
     choice = ChatCompletionChoice(
-        message=ChatResponseMessage(content="".join(text)),
+        message=ChatResponseMessage(content=content, tool_calls=calls),
         logprobs=logprobs,
-        finish_reason=last.finish_reason if last else None,
+        finish_reason=_finish_reason(last, bool(calls)) if last else None,
         stop_reason=last.stop_reason if last else None,
     )
     return ChatCompletionResponse(
@@ -83,6 +109,9 @@ async def chat_stream(
             id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
         ))
 
+    parser = TOOL_PARSERS.make(ctx.tool_parser).stream() if req.tools_active else None
+    num_calls = 0
+
     async with aclosing(outputs):
         try:
             yield chunk([ChatCompletionChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
@@ -90,12 +119,27 @@ async def chat_stream(
             async for out in outputs:
                 last = out
                 lp = chat_logprobs(text, out.logprobs or [], req.top_logprobs or 0) if req.logprobs else None
-                if not (out.new_text or out.finished or (lp and lp.content)):
+                new_text, deltas = out.new_text, None
+                if parser is not None:
+                    events: list[StreamEvent] = parser.feed(out.new_text)
+                    if out.finished:
+                        events += parser.finish()
+                    new_text = "".join(e.content for e in events)
+                    deltas = []
+                    for e in events:
+                        if e.call is not None:
+                            deltas.append(DeltaToolCall(index=num_calls, id=random_id("call"), type="function",
+                                                        function=DeltaFunctionCall(name=e.call.name,
+                                                                                   arguments=e.call.arguments)))
+                            num_calls += 1
+                    deltas = deltas or None
+                if not (new_text or deltas or out.finished or (lp and lp.content)):
                     continue  # e.g. a token that ends inside a multi-byte character
                 choice = ChatCompletionChunkChoice(
-                    delta=DeltaMessage(content=out.new_text or ("" if not out.finished else None)),
+                    delta=DeltaMessage(content=new_text or ("" if not (out.finished or deltas) else None),
+                                       tool_calls=deltas),
                     logprobs=lp,
-                    finish_reason=out.finish_reason if out.finished else None,
+                    finish_reason=_finish_reason(out, num_calls > 0),
                     stop_reason=_stop_reason(out),
                 )
                 yield chunk([choice], usage_of(out) if continuous else None)

@@ -37,7 +37,7 @@ from chatfleet.engine.api.responders import (
     completion_stream,
     new_context,
 )
-from chatfleet.engine.api.serving import chat_sampling_params, completion_sampling_params
+from chatfleet.engine.api.serving import chat_sampling_params, completion_sampling_params, template_tools
 from chatfleet.engine.config import EngineConfig
 from chatfleet.errors import EngineDeadError, InvalidRequestError, NotFoundError
 from chatfleet.protocol.body_limit import BodyLimitMiddleware
@@ -130,7 +130,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         async def handle() -> Response:
             deadline = Deadline(options.request_timeout_s)
             state.check_model(body.model)
-            prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt))
+            prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt,
+                                                         template_tools(body)))
             params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt_ids, params, tenant_of(request).salt(body.cache_salt),

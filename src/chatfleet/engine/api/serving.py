@@ -31,12 +31,42 @@ from chatfleet.protocol.openai import (
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool, *,
-                    check_text: Callable[[str, str], None] | None = None, **template_kw: Any) -> list[int]:
+def template_message(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: role, text content, and tool calls / call ids."""
+    out: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+            "name": c.function.name, "arguments": c.function.arguments}} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The request's tools as the chat template renders them; None when tools are off.
+
+    Only ``tool_choice`` "auto" (the default with tools) and "none" are served: forcing a call
+    ("required" or a named function) needs constrained decoding, which this engine lacks.
+    """
+    if req.tool_choice is not None and not req.tools:
+        raise InvalidRequestError("tool_choice is set but no tools are given", param="tool_choice")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise InvalidRequestError(
+            f"tool_choice {req.tool_choice!r} is not supported by this engine; use 'auto' or 'none'",
+            param="tool_choice")
+    if not req.tools_active:
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools or ()]
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+                    tools: list[dict[str, Any]] | None = None, *,
+                    check_text: Callable[[str, str], None] | None = None) -> list[int]:
     """Render the chat template and encode it; ``check_text(text, param)`` may refuse the text first."""
-    plain = [{"role": m.role, "content": m.text()} for m in messages]
+    plain = [template_message(m) for m in messages]
+    extra = {"tools": tools} if tools else {}
     try:
-        text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **template_kw)
+        text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
     except jinja2.TemplateError as exc:
         raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
     if check_text is not None:

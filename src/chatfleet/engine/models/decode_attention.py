@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
 DECODE_PAD_LIMIT = 2048  # padded tokens a group may carry (a group costs about 1,000 tokens' work)
@@ -106,12 +107,10 @@ def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], 
 
 
 def _dequantized(raw: torch.Tensor, dtype: torch.dtype, workspace: Workspace | None, name: str) -> torch.Tensor:
-    """FP8 cache rows in ``dtype``, unscaled (the caller applies the layer's scale once)."""
-    if raw.dtype == dtype:
-        return raw
-    if workspace is None:
-        return raw.to(dtype)
-    return workspace.get(name, tuple(raw.shape), dtype, raw.device).copy_(raw)
+    """FP8 cache rows in ``dtype`` divided by ``FP8_DOWN`` (the caller applies that and the
+    layer's scale once, to the scores or the output)."""
+    out = workspace.get(name, tuple(raw.shape), dtype, raw.device) if workspace is not None else None
+    return fp8_to_down(raw, dtype, out)
 
 
 def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
@@ -122,8 +121,9 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     group = num_heads // num_kv_heads
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
-    k = _dequantized(k, q.dtype, workspace, "k_dq")
-    scale = scale * k_scale  # an FP8 cache's K scale folds into the score scale
+    if k.dtype != q.dtype:  # an FP8 cache: its K scale folds into the score scale
+        k = _dequantized(k, q.dtype, workspace, "k_dq")
+        scale = scale * k_scale * FP8_DOWN
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = g.bias(num_kv_heads)
@@ -143,9 +143,10 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
                                         per_sample_weights=weights).view(d, group, head_dim)
         return out.view(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
-    out = torch.bmm(probs, _dequantized(v, q.dtype, workspace, "v_dq"))  # [Hkv * d, group, D]
-    if v_scale != 1.0:  # an FP8 cache's V scale: once on the output
-        out.mul_(v_scale)
+    if v.dtype != q.dtype:  # an FP8 cache: its V scale, once on the output
+        out = torch.bmm(probs, _dequantized(v, q.dtype, workspace, "v_dq")).mul_(v_scale * FP8_DOWN)
+    else:
+        out = torch.bmm(probs, v)  # [Hkv * d, group, D]
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
 from chatfleet.engine.models.fp8_format import E4M3_MAX
 
 FP8 = torch.float8_e4m3fn
@@ -41,17 +42,17 @@ class FP8Embedding(nn.Module):
         self.row_scale.copy_(s)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight[ids].to(self.dtype)
-        return rows.mul_(self.row_scale[ids].to(self.dtype).unsqueeze(-1))
+        rows = fp8_to_down(self.weight[ids], self.dtype)
+        return rows.mul_((self.row_scale[ids] * FP8_DOWN).to(self.dtype).unsqueeze(-1))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [N, dim] @ table^T`` -> float32 ``[N, num_embeddings]``, a chunk of rows at a time."""
         out = torch.empty(hidden.shape[0], self.num_embeddings, dtype=torch.float32, device=hidden.device)
         for start in range(0, self.num_embeddings, LOGITS_CHUNK):
             end = min(start + LOGITS_CHUNK, self.num_embeddings)
-            chunk = self.weight[start:end].to(hidden.dtype)
+            chunk = fp8_to_down(self.weight[start:end], hidden.dtype)
             part = hidden @ chunk.t()
-            out[:, start:end] = part.float().mul_(self.row_scale[start:end])
+            out[:, start:end] = part.float().mul_(self.row_scale[start:end] * FP8_DOWN)
         return out
 
     def extra_repr(self) -> str:

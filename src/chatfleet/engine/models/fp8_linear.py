@@ -11,6 +11,10 @@ dequantizing its parts into one shared workspace in the activation dtype and cal
 ``F.linear``: only one layer's weight is ever dequantized at a time. On CUDA, parts with
 per-tensor or per-channel scales and shapes divisible by 16 use ``torch._scaled_mm`` with the
 activations quantized per token; anything else, or a failure there, dequantizes.
+
+MoE experts stored as one ``[E, out, in]`` e4m3 tensor with scales ``[E, ...]`` use the same
+functions one expert at a time: ``quantize_weight(w[e], fmt)`` / ``dequantize_weight(q[e],
+s[e], fmt, dtype, out=workspace_slice)`` (``plan/memory.py`` prices them as class ``experts``).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
 from chatfleet.engine.models.fp8_format import E4M3_MAX, FP8WeightFormat, ceil_div
 from chatfleet.engine.models.workspace import Workspace
 
 FP8 = torch.float8_e4m3fn
 log = logging.getLogger(__name__)
-_WORKSPACE = Workspace()  # dequantized weights: one layer at a time (forward passes run one by one)
 
 
 def _scale_tiles(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], op: str) -> torch.Tensor:
@@ -70,12 +74,13 @@ def quantize_weight(w: torch.Tensor, fmt: FP8WeightFormat) -> tuple[torch.Tensor
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, fmt: FP8WeightFormat, dtype: torch.dtype,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """``q * scale`` as ``dtype`` (into ``out`` [out, in] when given)."""
-    w = q.to(dtype) if out is None else out.copy_(q)
+    w = fp8_to_down(q, dtype, out)
+    s = (scale * FP8_DOWN).to(dtype)  # a power of two: the same rounding as scaling by ``scale``
     if fmt.granularity == "tensor":
-        return w.mul_(scale.to(dtype))
+        return w.mul_(s)
     if fmt.granularity == "channel":
-        return w.mul_(scale.to(dtype).view(-1, 1))
-    return _scale_tiles(w, scale.to(dtype), fmt.block, "mul")
+        return w.mul_(s.view(-1, 1))
+    return _scale_tiles(w, s, fmt.block, "mul")
 
 
 class FP8Linear(nn.Module):
@@ -85,7 +90,7 @@ class FP8Linear(nn.Module):
     """
 
     def __init__(self, in_features: int, part_sizes: list[int], fmt: FP8WeightFormat, bias: bool = False,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, workspace: Workspace | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, sum(part_sizes)
         self.part_sizes = list(part_sizes)
@@ -95,6 +100,9 @@ class FP8Linear(nn.Module):
             self.register_buffer(f"scale_{i}", torch.ones(fmt.scale_shape(n, in_features), dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype)) if bias else None
         self._scaled_mm_ok = True
+        # Where the dequantized weight goes: share one per model (its layers run one at a time);
+        # None: a fresh tensor per call.
+        self.workspace = workspace
 
     def part(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return getattr(self, f"weight_{i}"), getattr(self, f"scale_{i}")
@@ -110,10 +118,11 @@ class FP8Linear(nn.Module):
         target_w.copy_(weight)
         target_s.copy_(scale.reshape(target_s.shape))
 
-    def dequantized(self, dtype: torch.dtype, workspace: Workspace | None = _WORKSPACE) -> torch.Tensor:
-        """The whole weight ``[out, in]`` in ``dtype`` (in the shared workspace unless None)."""
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole weight ``[out, in]`` in ``dtype`` (in the shared workspace when there is one)."""
         shape = (self.out_features, self.in_features)
-        w = workspace.get("fp8_weight", shape, dtype, self.weight_0.device) if workspace else torch.empty(
+        ws = self.workspace
+        w = ws.get("fp8_weight", shape, dtype, self.weight_0.device) if ws else torch.empty(
             shape, dtype=dtype, device=self.weight_0.device)
         row = 0
         for i, n in enumerate(self.part_sizes):

@@ -18,6 +18,7 @@ from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear
 from chatfleet.engine.models.linear import Linear
 from chatfleet.engine.models.qwen3 import Qwen3ForCausalLM
+from chatfleet.engine.models.workspace import Workspace
 from chatfleet.errors import ConfigError
 
 
@@ -39,6 +40,7 @@ def hf_parts(model: Qwen3ForCausalLM, name: str) -> list[tuple[str, int]]:
 def use_fp8_linears(model: Qwen3ForCausalLM, fmt: FP8WeightFormat) -> int:
     """Swap quantizable linears for ``FP8Linear``s; returns how many were swapped."""
     swapped = 0
+    workspace = Workspace()  # one dequantized weight at a time, shared by this model's layers
     for name, module in list(model.named_modules()):
         if not isinstance(module, Linear) or name == "lm_head":
             continue
@@ -49,7 +51,8 @@ def use_fp8_linears(model: Qwen3ForCausalLM, fmt: FP8WeightFormat) -> int:
         if any(ignored):
             raise ConfigError(f"{name}: the checkpoint quantizes some of {[p for p, _ in parts]} but not all")
         dtype = module.weight.dtype if module.weight is not None else torch.float32
-        fp8 = FP8Linear(module.in_features, [n for _, n in parts], fmt, bias=module.bias is not None, dtype=dtype)
+        fp8 = FP8Linear(module.in_features, [n for _, n in parts], fmt, bias=module.bias is not None, dtype=dtype,
+                        workspace=workspace)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, fp8)
         swapped += 1

@@ -1,0 +1,79 @@
+"""How fast the planner simulates: wall seconds per simulated hour of chat traffic.
+
+The workload is the bench's ``seed-roleplay`` profile (5.5K-token requests on average, ~20 turns,
+~20 s pauses) as an open loop of new chats at ``--chats`` per simulated hour, served by one
+simulated replica of a Qwen3-8B-shaped model on an H100 (BF16 weights, 0.9 of memory); the
+real scheduler, KV manager and engine loop run every step. A shorter ``--minutes`` window is
+simulated and the rate extrapolated (both are printed). Writes JSON under benchmarks/results/.
+
+    python benchmarks/plan_speed.py --minutes 5 --token-scale 1 8
+
+Each token scale runs the same traffic (``--token-scale 8``: coarse time, see plan/cost_model.py);
+latency percentiles and the hit rate are printed beside the speed to show what coarsening costs.
+CPU seconds (process time) are printed beside wall seconds: the machine may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.tokens import EstimateCounter
+from chatfleet.bench.workload import Workload, get_profile
+from chatfleet.engine.config import SchedulerConfig
+from chatfleet.plan.catalog import load_catalog
+from chatfleet.plan.replica_setup import ServingConfig, replica_plan
+from chatfleet.plan.sim_bench import sim_protocol, simulate_point
+
+QWEN3_8B = {"model_type": "qwen3", "head_dim": 128, "hidden_size": 4096, "intermediate_size": 12288,
+            "max_position_embeddings": 40960, "num_attention_heads": 32, "num_hidden_layers": 36,
+            "num_key_value_heads": 8, "tie_word_embeddings": False, "vocab_size": 151936}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chats", type=float, default=2200, help="new chats per simulated hour")
+    ap.add_argument("--minutes", type=float, default=5.0, help="simulated minutes to run")
+    ap.add_argument("--gpu", default="H100")
+    ap.add_argument("--token-scale", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--out", default="benchmarks/results/plan_speed.json")
+    args = ap.parse_args()
+    gpu = load_catalog().get(args.gpu)
+    profile = get_profile("seed-roleplay")
+    counter = EstimateCounter()
+    load = LoadSpec("open", args.chats / 3600.0, duration_s=args.minutes * 60, warmup_s=0.0, drain_timeout_s=0.0)
+    sim_s = args.minutes * 60
+    rows = []
+    print(f"{'scale':>5} {'simulated':>9} {'wall':>7} {'cpu':>7} {'requests':>8} {'out tokens':>10}"
+          f" {'cpu per sim hour':>16} {'ttft p50/p99 ms':>16} {'itl p50/p99 ms':>15} {'hit rate':>8}")
+    for k in args.token_scale:
+        plan = replica_plan(QWEN3_8B, gpu, ServingConfig(budget_bytes=int(0.9 * gpu.memory_bytes) - 2**30,
+                                                         scheduler=SchedulerConfig(max_running=512)), token_scale=k)
+        t, c = time.perf_counter(), time.process_time()
+        res = simulate_point(sim_protocol(load, parse_slo("ttft_p99<=2s")), load.level,
+                             lambda seed: Workload(profile, seed, counter), plan)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        run = res.points[0].runs[0]
+        lat = run.summary.latency
+        tokens = sum(r.output_tokens for r in run.records)
+        row = {"token_scale": k, "chats_per_hour": args.chats, "simulated_s": sim_s, "wall_s": wall, "cpu_s": cpu,
+               "requests": len(run.records), "conversations": run.conversations, "output_tokens": tokens,
+               "cpu_s_per_simulated_hour": cpu * 3600 / sim_s, "wall_s_per_simulated_hour": wall * 3600 / sim_s,
+               "ttft_p50": lat["ttft"]["p50"], "ttft_p99": lat["ttft"]["p99"], "itl_p50": lat["itl"]["p50"],
+               "itl_p99": lat["itl"]["p99"], "hit_rate": run.summary.hit_rate, "gpu": gpu.name}
+        rows.append(row)
+        print(f"{k:>5} {sim_s:>8.0f}s {wall:>6.1f}s {cpu:>6.1f}s {len(run.records):>8} {tokens:>10,}"
+              f" {cpu * 3600 / sim_s:>15,.0f}s {lat['ttft']['p50'] * 1e3:>7.0f}/{lat['ttft']['p99'] * 1e3:<8.0f}"
+              f" {lat['itl']['p50'] * 1e3:>6.1f}/{lat['itl']['p99'] * 1e3:<8.1f} {run.summary.hit_rate or 0:>8.1%}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Every command fails the same way on the mistakes new users make: one clear line, exit code
+2, never a traceback (bad sizes, dead URLs, missing files, taken ports, bad flags)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from chatfleet.bench.report import result_document
+from chatfleet.cli.main import app
+from chatfleet.engine.memory_check import host_memory
+
+
+def dead_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def taken_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def more_than_this_machine_has() -> str:
+    memory = host_memory()
+    return f"{(memory.total_bytes >> 30) + 16}GiB" if memory else "1TB"
+
+
+def one_line_error(args: list[str]) -> str:
+    result = CliRunner().invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+CASES = [
+    (["engine", "--kv-cache-memory", "1TB"], "does not fit"),
+    (["engine", "--kv-cache-memory", "MORE"], "does not fit"),
+    (["engine", "--kv-cache-memory", "lots"], "cannot parse memory size"),
+    (["engine", "--host-cache-memory", "MORE"], "does not fit"),
+    (["engine", "--model", "/no/such/model"], "not a local folder"),
+    (["engine", "--port", "TAKEN"], "cannot listen on 127.0.0.1:"),
+    (["engine", "--max-running", "0"], "max_running"),
+    (["serve", "--caps-from", "/no/such/sweep.json"], "cannot read sweep result"),
+    (["serve", "--profile", "/no/such/profile.yaml"], "cannot read profile"),
+    (["serve", "--replicas", "-1"], "replicas must be >= 0"),
+    (["serve", "--model", "/no/such/model", "--port", "TAKEN"], "cannot listen"),
+    (["serve", "--read-timeout", "0", "--replica", "http://127.0.0.1:1"], "read_timeout_s"),
+    (["gateway", "--replica", "ftp://x"], "must look like http"),
+    (["gateway", "--replica", "http://127.0.0.1:1", "--port", "TAKEN"], "cannot listen"),
+    (["gateway", "--replica", "http://127.0.0.1:1", "--total-timeout", "-1"], "total_timeout_s"),
+    (["bench", "--url", "DEAD", "--model", "X"], "cannot reach"),
+    (["bench", "--url", "DEAD", "--slo", "fast"], "cannot parse SLO"),
+    (["sweep", "--url", "DEAD"], "cannot reach"),
+    (["bench", "--url", "DEAD", "--trace", "/no/such/trace.jsonl"], "trace"),
+    (["fleet", "/no/such/result.json"], "cannot read result"),
+    (["model", "tiny", "--out", "OUT", "--size", "huge"], "unknown tiny model size"),
+    (["model", "tiny", "--out", "/proc/no/such/dir"], "No such file or directory"),
+    (["demo", "--model", "/no/such/model"], "not a local folder"),
+    (["demo", "--slo", "fast"], "cannot parse SLO"),
+]
+
+
+@pytest.mark.parametrize("args, words", CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
+def test_each_mistake_gives_one_line_and_exit_2(args, words, taken_port, tmp_path):
+    subst = {"TAKEN": str(taken_port), "DEAD": dead_url(), "MORE": more_than_this_machine_has(),
+             "OUT": str(tmp_path / "m")}
+    line = one_line_error([subst.get(a, a) for a in args])
+    assert words in line
+
+
+@pytest.mark.parametrize("command", ["engine", "serve", "gateway", "bench", "sweep", "fleet", "demo", "model"])
+def test_bad_flags_are_usage_errors(command):
+    result = CliRunner().invoke(app, [command, "--no-such-flag"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "No such option" in result.output or "Usage" in result.output
+
+
+def sweep_series(knee, knee_reached) -> dict:
+    return {"mode": "closed", "slo": "ttft_p95<=1s", "knee": knee, "knee_reached": knee_reached,
+            "knee_spread": {}, "points": []}
+
+
+def test_fleet_refuses_a_result_without_a_knee_unless_told_the_level(tmp_path):
+    one_point = tmp_path / "bench.json"  # `chatfleet bench` at 8 chats, which met the SLO
+    one_point.write_text(json.dumps(result_document("bench", {}, {"http://x": sweep_series(8, False)})))
+    line = one_line_error(["fleet", str(one_point), "--peak", "100"])
+    assert "no measured knee" in line and "--level" in line
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(result_document("sweep", {}, {"http://x": sweep_series(None, True)})))
+    assert "no level met the SLO" in one_line_error(["fleet", str(broken)])
+
+    told = CliRunner().invoke(app, ["fleet", str(one_point), "--peak", "100", "--level", "8"])
+    assert told.exit_code == 0 and "13" in told.output  # ceil(100 / 8) replicas
+    swept = tmp_path / "sweep.json"
+    swept.write_text(json.dumps(result_document("sweep", {}, {"http://x": sweep_series(10, True)})))
+    sized = CliRunner().invoke(app, ["fleet", str(swept), "--peak", "100"])
+    assert sized.exit_code == 0 and "10" in sized.output
