@@ -42,6 +42,15 @@ def engine(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
     ),
     block_size: int = typer.Option(_C.block_size, "--block-size", help="Tokens per KV block."),
+    sliding_memory_fraction: float | None = typer.Option(
+        None, "--sliding-memory-fraction",
+        help="Sliding-window/full-attention models: share of KV memory for the sliding-window layers' pool "
+             "(default: in proportion to what one long request needs per layer group).",
+    ),
+    keep_slid_out_blocks: bool = typer.Option(
+        _C.keep_slid_out_blocks, "--keep-slid-out-blocks/--no-keep-slid-out-blocks",
+        help="Blocks that slid out of the window stay cached for the next turn (else freed at once).",
+    ),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Turn prefix caching off."),
     host_cache_memory: str | None = typer.Option(
         None, "--host-cache-memory",
@@ -105,6 +114,8 @@ def engine(
                 eviction_policy=eviction_policy,
                 host_memory_bytes=parse_memory_size(host_cache_memory) if host_cache_memory else 0,
                 host_eviction_policy=host_eviction_policy,
+                sliding_memory_fraction=sliding_memory_fraction,
+                keep_slid_out_blocks=keep_slid_out_blocks,
             ),
             scheduler=SchedulerConfig(
                 max_batched_tokens=max_batched_tokens,

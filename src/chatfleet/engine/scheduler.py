@@ -196,6 +196,7 @@ class Scheduler:
             want_prompt_logprobs=(
                 params.prompt_logprobs is not None and request.num_output_tokens == 0
             ),
+            group_block_tables=self.kv.group_block_ids(request.request_id),
         )
 
     # ---- applying results ---------------------------------------------------------------------

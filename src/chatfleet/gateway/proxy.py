@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError)
+from chatfleet.errors import ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError
 from chatfleet.gateway.admission import Outcome, Priority
 from chatfleet.gateway.faults import Verdict, classify
 from chatfleet.gateway.routing import Affinity, RoutingDecision
@@ -120,11 +120,14 @@ class ProxyResponse:
             await self._run(send)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
             log.exception("proxy failed", extra={"request_id": self.call.request_id})
-            self.outcome = "gateway_error"
+            self.outcome, self.error = "gateway_error", f"{type(exc).__name__}: {exc}"
+            err = to_chatfleet_error(exc)
+            if not isinstance(exc, ChatfleetError):  # details go to the log, not to the client
+                err = ChatfleetError(f"the gateway failed on this request (request id {self.call.request_id})")
             if not self._started:
-                await self._send_error(send, to_chatfleet_error(exc))
+                await self._send_error(send, err)
             elif self.call.stream:
-                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                await send({"type": "http.response.body", "body": error_event(err) + DONE,
                             "more_body": False})
 
     async def _run(self, send: Any) -> None:
