@@ -70,6 +70,7 @@ class Soak:
     t0: float = field(default_factory=time.monotonic)
     outcomes: list[Outcome] = field(default_factory=list)
     stop: bool = False
+    sessions: set[str] = field(default_factory=set)  # conversations in progress
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -115,7 +116,7 @@ async def one_turn(soak: Soak, http: aiohttp.ClientSession, session: str, messag
                 if hang_up_after_s is not None and ttft is not None and time.monotonic() - start >= hang_up_after_s:
                     return done("cancelled"), "", 0.0
             return done("lost", "the stream ended without [DONE] or an error event"), "", 0.0
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         return done("lost", f"{type(exc).__name__}: {exc}"[:200]), "", 0.0
 
 
@@ -126,6 +127,7 @@ async def chat_user(soak: Soak, http: aiohttp.ClientSession, rng: random.Random)
         messages = [{"role": "system", "content": f"You are character {rng.randrange(1000)}."},
                     {"role": "user", "content": f"Hello, I am user {session[:8]}. Tell me a story."}]
         turn = 0
+        soak.sessions.add(session)
         while turn < soak.turns and not soak.stop:
             outcome, reply, retry_after = await one_turn(soak, http, session, messages, returning=turn > 0)
             soak.outcomes.append(outcome)
@@ -138,16 +140,22 @@ async def chat_user(soak: Soak, http: aiohttp.ClientSession, rng: random.Random)
                          {"role": "user", "content": f"And then? ({turn})"}]
             turn += 1
             await asyncio.sleep(rng.uniform(0, 2 * soak.think_s))
+        soak.sessions.discard(session)
 
 
 async def storm(soak: Soak, size: int, rng: random.Random) -> None:
-    """``size`` extra clients open streams at once and hang up early."""
+    """``size`` extra clients open streams at once and hang up early: half as new conversations
+    (refused at once above the caps), half as extra turns of conversations in progress (which
+    wait for or take a slot, then leave: the slot must come back)."""
+    in_progress = sorted(soak.sessions)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
         async def one(i: int) -> None:
             messages = [{"role": "user", "content": f"storm {i}: a long story please"}]
             hang = rng.uniform(0.0, 0.5)
-            task = asyncio.ensure_future(one_turn(soak, http, f"storm-{i}", messages, False, hang))
+            returning = bool(i % 2 and in_progress)
+            session = rng.choice(in_progress) if returning else f"storm-{i}"
+            task = asyncio.ensure_future(one_turn(soak, http, session, messages, returning, hang))
             done, _ = await asyncio.wait({task}, timeout=hang + 0.05)
             if not done:  # no first chunk yet: hang up now
                 task.cancel()

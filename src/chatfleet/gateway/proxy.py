@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from chatfleet.errors import (ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError)
+from chatfleet.errors import ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError
 from chatfleet.gateway.admission import Outcome, Priority
 from chatfleet.gateway.faults import Verdict, classify
 from chatfleet.gateway.routing import Affinity, RoutingDecision
