@@ -5,11 +5,12 @@ from __future__ import annotations
 import typer
 
 from chatfleet.cli.errors import check_port
+from chatfleet.engine.api.options import API_KEY_ENV, ServerOptions
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
 from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.errors import ChatfleetError
 
-_E, _C, _S = EngineConfig(), CacheConfig(), SchedulerConfig()
+_E, _C, _S, _O = EngineConfig(), CacheConfig(), SchedulerConfig(), ServerOptions()
 
 
 def engine(
@@ -89,6 +90,19 @@ def engine(
         None, "--served-model-name", help="Model name clients use (default: from --model)."
     ),
     seed: int = typer.Option(_E.seed, "--seed", help="Engine seed."),
+    max_body_bytes: int = typer.Option(
+        _O.max_body_bytes, "--max-body-bytes", help="Largest request body; larger ones get 413."
+    ),
+    request_timeout: float | None = typer.Option(
+        None, "--request-timeout", help="Seconds a request may take in all (queue + generation); then 408."
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help=f"Bearer key(s), comma-separated, every route but /health and /metrics"
+        f" requires (default: ${API_KEY_ENV})."
+    ),
+    enable_admin_api: bool = typer.Option(
+        False, "--enable-admin-api", help="Serve admin routes (/reset_prefix_cache), behind the API key."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Start the built-in engine on HOST:PORT (OpenAI /v1/chat/completions, /v1/completions, ...)."""
@@ -135,7 +149,11 @@ def engine(
             torch.set_num_threads(threads)
         from chatfleet.engine.api.server import run_server
 
-        run_server(config, host=host, port=port, log_level=log_level)
+        options = ServerOptions(
+            max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
+            api_keys=ServerOptions.keys_from(api_key), enable_admin_api=enable_admin_api,
+        )
+        run_server(config, host=host, port=port, log_level=log_level, options=options)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None

@@ -113,7 +113,7 @@ class Fleet:
         cfg = self.config
         return [sys.executable, "-m", "chatfleet.cli.main", "engine", "--model", cfg.model,
                 "--host", cfg.host, "--port", str(port), "--threads", str(cfg.threads()),
-                "--log-level", "warning", *cfg.engine_args]  # later flags win
+                "--log-level", "warning", "--enable-admin-api", *cfg.engine_args]  # later flags win
 
     def start(self) -> list[str]:
         """Start the engines and wait until each answers /health; returns their URLs."""
