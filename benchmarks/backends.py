@@ -59,7 +59,7 @@ def _ours(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int)
         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--threads", str(threads),
         "--kv-cache-memory", str(kv_bytes), "--max-model-len", str(max_len),
-        "--served-model-name", SERVED_NAME, "--log-level", "warning",
+        "--served-model-name", SERVED_NAME, "--log-level", "warning", "--enable-admin-api",
     ]
     return LaunchSpec(argv, _thread_env(threads), SERVED_NAME)
 

@@ -70,6 +70,7 @@ class Soak:
     t0: float = field(default_factory=time.monotonic)
     outcomes: list[Outcome] = field(default_factory=list)
     stop: bool = False
+    sessions: set[str] = field(default_factory=set)  # conversations in progress
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -115,7 +116,7 @@ async def one_turn(soak: Soak, http: aiohttp.ClientSession, session: str, messag
                 if hang_up_after_s is not None and ttft is not None and time.monotonic() - start >= hang_up_after_s:
                     return done("cancelled"), "", 0.0
             return done("lost", "the stream ended without [DONE] or an error event"), "", 0.0
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         return done("lost", f"{type(exc).__name__}: {exc}"[:200]), "", 0.0
 
 
@@ -126,6 +127,7 @@ async def chat_user(soak: Soak, http: aiohttp.ClientSession, rng: random.Random)
         messages = [{"role": "system", "content": f"You are character {rng.randrange(1000)}."},
                     {"role": "user", "content": f"Hello, I am user {session[:8]}. Tell me a story."}]
         turn = 0
+        soak.sessions.add(session)
         while turn < soak.turns and not soak.stop:
             outcome, reply, retry_after = await one_turn(soak, http, session, messages, returning=turn > 0)
             soak.outcomes.append(outcome)
@@ -138,16 +140,22 @@ async def chat_user(soak: Soak, http: aiohttp.ClientSession, rng: random.Random)
                          {"role": "user", "content": f"And then? ({turn})"}]
             turn += 1
             await asyncio.sleep(rng.uniform(0, 2 * soak.think_s))
+        soak.sessions.discard(session)
 
 
 async def storm(soak: Soak, size: int, rng: random.Random) -> None:
-    """``size`` extra clients open streams at once and hang up early."""
+    """``size`` extra clients open streams at once and hang up early: half as new conversations
+    (refused at once above the caps), half as extra turns of conversations in progress (which
+    wait for or take a slot, then leave: the slot must come back)."""
+    in_progress = sorted(soak.sessions)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
         async def one(i: int) -> None:
             messages = [{"role": "user", "content": f"storm {i}: a long story please"}]
             hang = rng.uniform(0.0, 0.5)
-            task = asyncio.ensure_future(one_turn(soak, http, f"storm-{i}", messages, False, hang))
+            returning = bool(i % 2 and in_progress)
+            session = rng.choice(in_progress) if returning else f"storm-{i}"
+            task = asyncio.ensure_future(one_turn(soak, http, session, messages, returning, hang))
             done, _ = await asyncio.wait({task}, timeout=hang + 0.05)
             if not done:  # no first chunk yet: hang up now
                 task.cancel()
@@ -289,6 +297,11 @@ def summarize(run: dict, args: argparse.Namespace, knee: int, users: int, slo: d
         "itl_ms": {"p50": pct(itls, 50), "p95": pct(itls, 95), "p99": pct(itls, 99)},
         "refusal_ms": {"p50": pct([o.elapsed_s for o in refused], 50),
                        "p99": pct([o.elapsed_s for o in refused], 99)},
+        "refusal_new_ms": {q: pct([o.elapsed_s for o in refused if not o.returning], n)
+                           for q, n in (("p50", 50), ("p99", 99))},
+        "refusal_returning_ms": {q: pct([o.elapsed_s for o in refused if o.returning], n)
+                                 for q, n in (("p50", 50), ("p99", 99))},
+        "returning_turns": sum(o.returning for o in outs if not o.storm and o.kind != "cancelled"),
         "refused_returning": sum(o.returning for o in refused),
         "refused_new": sum(not o.returning for o in refused),
         "gateway_shed": {"new": final.get("shed_new"), "returning": final.get("shed_returning")},
@@ -310,8 +323,11 @@ def print_table(s: dict, slo_text: str) -> None:
                                               f"({100 * (s['inside_slo_share'] or 0):.1f}%)"),
         ("TTFT ms p50/p95/p99", "/".join(str(s["ttft_ms"][q]) for q in ("p50", "p95", "p99"))),
         ("ITL ms p50/p95/p99", "/".join(str(s["itl_ms"][q]) for q in ("p50", "p95", "p99"))),
-        ("refusal latency ms p50/p99", f"{s['refusal_ms']['p50']}/{s['refusal_ms']['p99']}"),
-        ("refused: new / returning turns", f"{s['refused_new']} / {s['refused_returning']}"),
+        ("refusal latency ms p50/p99: new", f"{s['refusal_new_ms']['p50']}/{s['refusal_new_ms']['p99']}"),
+        ("refusal latency ms p50/p99: returning", f"{s['refusal_returning_ms']['p50']}/"
+                                                  f"{s['refusal_returning_ms']['p99']}"),
+        ("refused: new / returning turns", f"{s['refused_new']} / {s['refused_returning']} "
+                                           f"(of {s['returning_turns']} returning turns sent)"),
         ("replica killed / back", f"{s['events'].get('killed_at_s')} s / {s['events'].get('back_at_s')} s"),
         ("storm", f"{s['events'].get('storm_at_s')} s .. {s['events'].get('storm_done_s')} s"),
         ("slots held after the load", str(s["in_flight_after"])),
@@ -347,7 +363,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--think", type=float, default=1.0, help="mean seconds between a reply and the next turn")
-    p.add_argument("--queue-wait", type=float, default=0.5, help="the gateway's --max-queue-wait")
+    p.add_argument("--queue-wait", type=float, default=1.0, help="the gateway's --max-queue-wait (a returning turn waits this long at most)")
+    p.add_argument("--max-queued-new", type=int, default=0,
+                   help="the gateway's --max-queued-new (0: a new conversation over the caps is refused at once)")
     p.add_argument("--kill-at", type=float, default=0.5, help="share of the duration")
     p.add_argument("--storm-at", type=float, default=0.75, help="share of the duration")
     p.add_argument("--storm-size", type=int, default=200)
@@ -372,6 +390,7 @@ def main() -> None:
     serve = ServerProcess("serve", CLI + [
         "serve", "--replicas", "2", "--model", args.model, "--threads-per-replica", "1", "--port", str(port),
         "--max-in-flight", str(knee), "--queue-size", str(2 * knee), "--max-queue-wait", str(args.queue_wait),
+        "--max-queued-new", str(args.max_queued_new),
         *[f"--engine-arg={a}" for a in args.engine_arg]], port, log_path=logs / "soak-serve.log")
     print(f"knee {knee} per engine; {users} live chats for {args.duration:g} s through {serve.base_url} "
           f"(load {load_average()})", flush=True)

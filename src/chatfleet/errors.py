@@ -42,9 +42,26 @@ class InvalidRequestError(ChatfleetError, ValueError):
 
 
 class ModelNotFoundError(InvalidRequestError):
-    """The request names a model this server does not serve."""
+    """The request names a model this server does not serve (HTTP 404, as OpenAI and vLLM)."""
 
+    status_code = 404
     code = "model_not_found"
+
+
+class NotFoundError(ChatfleetError):
+    """No such route or resource (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class RequestTimeoutError(ChatfleetError):
+    """The request ran past the server's per-request deadline (HTTP 408); it was aborted."""
+
+    status_code = 408
+    error_type = "timeout_error"
+    code = "request_timeout"
 
 
 class RequestTooLongError(InvalidRequestError):
@@ -78,11 +95,12 @@ class RateLimitError(ChatfleetError):
 
 
 class ServerOverloadedError(ChatfleetError):
-    """The engine's waiting queue is full (HTTP 503)."""
+    """The engine's waiting queue is full (HTTP 503, with Retry-After)."""
 
     status_code = 503
     error_type = "server_overloaded"
     code = "queue_full"
+    retry_after_s: float = 1.0
 
 
 class UpstreamError(ChatfleetError):

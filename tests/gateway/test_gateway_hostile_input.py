@@ -62,8 +62,8 @@ SCHEMA.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.N
 
 @pytest.fixture(scope="module")
 def fuzzed_fleet():
-    from chatfleet.testing.fake_server import FakeBehavior, FakeServer
     from chatfleet.loopback import ServerThread
+    from chatfleet.testing.fake_server import FakeBehavior, FakeServer
 
     replicas = [ServerThread(FakeServer(FakeBehavior(), record=False)).start() for _ in range(2)]
     app = create_app(GatewayConfig(replicas=tuple(s.url for s in replicas), port=0, health_interval_s=0.2,

@@ -13,7 +13,6 @@ import httpx
 import openai
 import pytest
 from gateway_helpers import wait_for
-
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app

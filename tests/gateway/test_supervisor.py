@@ -23,7 +23,7 @@ class FakeFleet:
         self.processes = [Proc() for _ in range(n)]
         self.fail_next = False
 
-    def restart(self, index: int) -> Proc:
+    def restart(self, index: int, die_with_thread: bool = False) -> Proc:
         if self.fail_next:
             self.fail_next = False
             raise OSError("address already in use")

@@ -102,3 +102,11 @@ def test_l4_qwen3_8b_pool_bf16_vs_fp8(tmp_path):
     assert doc["pool_tokens"] == fp8.breakdown.pool_tokens and doc["device_chats"]["at_mean"] == fp8.device_fit.chats_at_mean
     bad = CliRunner().invoke(app, ["plan", "memory", "--model", str(path), "--gpu", "Z1"])
     assert bad.exit_code == 2 and "unknown GPU" in bad.output
+
+
+def test_vllm_pool_matches_what_vllm_logged_for_small():
+    # vLLM 0.32.0 (CPU build), `small`, --dtype float32, VLLM_CPU_KVCACHE_SPACE=1 logged:
+    # "CPU KV cache size: 131,072 tokens, Maximum concurrency for 32,768 tokens per request: 4.00x"
+    cfg, _ = read_model_config("small")
+    v = vllm_pool(memory_breakdown(cfg, dtype="float32").kv_spec, 2**30, 32768)
+    assert v.kv_cache_tokens == 131_072 and v.max_concurrency == pytest.approx(4.00)

@@ -176,6 +176,11 @@ def test_simulated_point_writes_the_sweep_result_format(tmp_path):
     assert all(r.ttft_s > 0 and r.output_tokens == r.expected_tokens for r in run.records if not r.warmup and r.end_s)
     assert run.summary.hit_rate and run.summary.hit_rate > 0.3  # returning turns hit their history
     path = write_json(result_document("sweep", {}, {"sim": sweep_to_dict(res)}), tmp_path / "r.json")
+    # the open loop: new chats arrive as a Poisson process
+    proto_open = sim_protocol(LoadSpec("open", 0.5, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=1s"))
+    run_open = simulate_point(proto_open, 0.5, lambda seed: Workload(profile, seed, EstimateCounter()),
+                              plan).points[0].runs[0]
+    assert 3 <= run_open.conversations <= 25 and run_open.summary.ok > 10
     assert load_result(path)["series"]["sim"]["points"][0]["level"] == 4
 
 

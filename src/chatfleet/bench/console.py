@@ -11,15 +11,14 @@ from rich.table import Table
 
 from chatfleet.bench.breakdown import Breakdown
 from chatfleet.bench.fleet import FleetPlan
-from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.stats import RunSummary
 from chatfleet.bench.sweep import Observer, RunRecord, SweepResult
 from chatfleet.bench.workload_stats import WorkloadStats
 from chatfleet.errors import ConfigError
-
 
 DEFAULT_STATS = {"ttft": "p99", "itl": "p99", "reply": "p95"}
 

@@ -106,7 +106,8 @@ class ServerControl:
         except httpx.HTTPError as e:
             raise ResetError(f"prefix-cache reset {path} failed: {e}") from e
         if r.status_code != 200:
-            hint = " (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)" if self.kind == "vllm" else ""
+            hint = {"vllm": " (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)",
+                    "chatfleet": " (start the chatfleet engine with --enable-admin-api for it)"}.get(self.kind, "")
             raise ResetError(f"prefix-cache reset {path} answered HTTP {r.status_code}{hint}: {r.text[:300]}")
         try:
             body = r.json()

@@ -15,8 +15,8 @@ from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.fleet import plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_html, write_json
-from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.slo import parse_slo
+from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.workload import PROFILES, get_profile
 from chatfleet.cli.errors import check_reachable, fail

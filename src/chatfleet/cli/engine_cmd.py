@@ -5,11 +5,12 @@ from __future__ import annotations
 import typer
 
 from chatfleet.cli.errors import check_port
+from chatfleet.engine.api.options import API_KEY_ENV, ServerOptions
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
 from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.errors import ChatfleetError
 
-_E, _C, _S = EngineConfig(), CacheConfig(), SchedulerConfig()
+_E, _C, _S, _O = EngineConfig(), CacheConfig(), SchedulerConfig(), ServerOptions()
 
 
 def engine(
@@ -42,6 +43,15 @@ def engine(
         None, "--kv-cache-memory", help="KV pool size in bytes or with a unit, e.g. 2GiB."
     ),
     block_size: int = typer.Option(_C.block_size, "--block-size", help="Tokens per KV block."),
+    sliding_memory_fraction: float | None = typer.Option(
+        None, "--sliding-memory-fraction",
+        help="Sliding-window/full-attention models: share of KV memory for the sliding-window layers' pool "
+             "(default: in proportion to what one long request needs per layer group).",
+    ),
+    keep_slid_out_blocks: bool = typer.Option(
+        _C.keep_slid_out_blocks, "--keep-slid-out-blocks/--no-keep-slid-out-blocks",
+        help="Blocks that slid out of the window stay cached for the next turn (else freed at once).",
+    ),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Turn prefix caching off."),
     host_cache_memory: str | None = typer.Option(
         None, "--host-cache-memory",
@@ -80,6 +90,19 @@ def engine(
         None, "--served-model-name", help="Model name clients use (default: from --model)."
     ),
     seed: int = typer.Option(_E.seed, "--seed", help="Engine seed."),
+    max_body_bytes: int = typer.Option(
+        _O.max_body_bytes, "--max-body-bytes", help="Largest request body; larger ones get 413."
+    ),
+    request_timeout: float | None = typer.Option(
+        None, "--request-timeout", help="Seconds a request may take in all (queue + generation); then 408."
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help=f"Bearer key(s), comma-separated, every route but /health and /metrics"
+        f" requires (default: ${API_KEY_ENV})."
+    ),
+    enable_admin_api: bool = typer.Option(
+        False, "--enable-admin-api", help="Serve admin routes (/reset_prefix_cache), behind the API key."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Start the built-in engine on HOST:PORT (OpenAI /v1/chat/completions, /v1/completions, ...)."""
@@ -105,6 +128,8 @@ def engine(
                 eviction_policy=eviction_policy,
                 host_memory_bytes=parse_memory_size(host_cache_memory) if host_cache_memory else 0,
                 host_eviction_policy=host_eviction_policy,
+                sliding_memory_fraction=sliding_memory_fraction,
+                keep_slid_out_blocks=keep_slid_out_blocks,
             ),
             scheduler=SchedulerConfig(
                 max_batched_tokens=max_batched_tokens,
@@ -124,7 +149,11 @@ def engine(
             torch.set_num_threads(threads)
         from chatfleet.engine.api.server import run_server
 
-        run_server(config, host=host, port=port, log_level=log_level)
+        options = ServerOptions(
+            max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
+            api_keys=ServerOptions.keys_from(api_key), enable_admin_api=enable_admin_api,
+        )
+        run_server(config, host=host, port=port, log_level=log_level, options=options)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None

@@ -91,12 +91,13 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
         wall = time.perf_counter() - t
     except ChatfleetError as e:
         _fail(e)
-    name = f"simulated {g.name} ({replica.num_blocks * s.block_size} KV tokens, cap {max_running})"
+    kv_tokens = replica.num_blocks * s.block_size * replica.token_scale
+    name = f"simulated {g.name} ({kv_tokens} KV tokens, cap {max_running})"
     out.print(ui.sweep_table(res, f"{name} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"predicted knee: [bold]{knee}[/]  ({wall:.1f} s of wall time)")
     settings = {"argv": __import__("sys").argv[1:], "simulated": True, "gpu": g.to_yaml_entry() | {"name": g.name},
-                "serving": {"weights": weights, "kv": kv, "kv_tokens": replica.num_blocks * s.block_size,
+                "serving": {"weights": weights, "kv": kv, "kv_tokens": kv_tokens, "token_scale": token_scale,
                             "host_blocks": replica.num_host_blocks, "max_running": max_running,
                             "max_batched_tokens": max_batched_tokens},
                 "profile": profile, "tokenizer": counter.name, "protocol": {"load": vars(proto.load), "slo": slo},
@@ -119,6 +120,10 @@ def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                peak: int = typer.Option(..., "--peak", help="Peak live chats the fleet must hold (closed loop)."),
                knee: float | None = typer.Option(None, "--knee", help="One replica's knee (default: simulate its sweep)."),
                max_extra: int = typer.Option(4, "--max-extra", help="Most replicas to add beyond the naive size."),
+               routing: str = typer.Option("bounded_load", "--routing", help="Gateway routing policy."),
+               load_factor: float = typer.Option(1.25, "--load-factor", help="bounded_load's c."),
+               max_in_flight: int | None = typer.Option(None, "--max-in-flight",
+                                                        help="Gateway cap per replica (default: the engine's cap)."),
                check_contents: bool = O_CHECK, token_scale: int = O_SCALE) -> None:
     """Fleet size under uneven traffic: N replicas behind the gateway's routing and admission,
     versus 'peak / chats per replica'."""
@@ -138,13 +143,16 @@ def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                 raise ChatfleetError("one replica breaks the SLO at the lowest load: no fleet size")
             knee = res.knee
             out.print(f"one replica's simulated knee: {knee:g} chats")
-        sizing = size_fleet(proto, make, replica, peak, knee, max_extra)
+        from chatfleet.gateway.config import GatewayConfig
+
+        gateway = GatewayConfig(routing_policy=routing, load_factor=load_factor, max_in_flight=max_in_flight)
+        sizing = size_fleet(proto, make, replica, peak, knee, max_extra, gateway)
         wall = time.perf_counter() - t
     except ChatfleetError as e:
         _fail(e)
     from rich.table import Table
 
-    t = Table(title=f"{peak} peak chats on simulated {g.name} replicas (knee {knee:g} each)")
+    t = Table(title=f"{peak} peak chats on simulated {g.name} replicas (knee {knee:g} each), {routing} routing")
     for col in ("replicas", "SLO", "busiest / mean requests", "shed", "affinity broken"):
         t.add_column(col)
     for tr in sizing.trials:

@@ -46,6 +46,9 @@ class CacheConfig:
     eviction_policy: str = "lru"  # device pool (kv/eviction.py registry)
     host_memory_bytes: int = 0  # --host-cache-memory: the host tier (0: none)
     host_eviction_policy: str = "lru"
+    # Models with sliding-window and full-attention layer groups (kv/hybrid.py):
+    sliding_memory_fraction: float | None = None  # --sliding-memory-fraction (None: from the spec)
+    keep_slid_out_blocks: bool = True  # blocks that slid out of the window stay cached for the next turn
 
     def __post_init__(self) -> None:
         from chatfleet.engine.kv.eviction import EVICTION_POLICIES
@@ -64,12 +67,25 @@ class CacheConfig:
             raise ConfigError(f"kv cache must hold at least one block ({self.block_size} tokens)")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
             raise ConfigError("kv cache memory must be positive")
+        if self.sliding_memory_fraction is not None and not 0.0 < self.sliding_memory_fraction < 1.0:
+            raise ConfigError(f"sliding_memory_fraction must be in (0, 1), got {self.sliding_memory_fraction}")
 
     def plan_pools(self, spec: KVCacheSpec, default_tokens: int = DEFAULT_KV_CACHE_TOKENS) -> PoolPlan:
         """The device pools this config buys for a model's KV spec (``kv/spec.py``)."""
         if self.memory_bytes is not None:
-            return spec.plan_pools(memory_bytes=self.memory_bytes)
+            return spec.plan_pools(memory_bytes=self.memory_bytes, memory_fractions=self.memory_fractions(spec))
         return spec.plan_pools(num_tokens=self.num_tokens if self.num_tokens is not None else default_tokens)
+
+    def memory_fractions(self, spec: KVCacheSpec) -> dict[str, float] | None:
+        """The split between layer groups ``sliding_memory_fraction`` asks for (None: the spec's
+        default, in proportion to what one long request needs per group)."""
+        if self.sliding_memory_fraction is None or len(spec.groups) == 1:
+            return None
+        sliding = [g for g in spec.groups if g.is_sliding]
+        full = [g for g in spec.groups if not g.is_sliding]
+        if len(sliding) != 1 or len(full) != 1:
+            raise ConfigError("--sliding-memory-fraction needs exactly one sliding and one full layer group")
+        return {sliding[0].name: self.sliding_memory_fraction, full[0].name: 1.0 - self.sliding_memory_fraction}
 
     def plan_host_pools(self, spec: KVCacheSpec) -> PoolPlan | None:
         """The host-tier pools ``host_memory_bytes`` buys (None without a host tier)."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from chatfleet.engine.config import EngineConfig, engine_memory
+from chatfleet.engine.kv.hybrid import HybridKVManager
 from chatfleet.engine.kv.manager import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.memory_check import check_kv_fits
@@ -56,12 +58,12 @@ class Engine:
                 self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
                 self.pool_plan = config.cache.plan_pools(self.kv_spec)
                 log.info("%s", self.pool_plan.describe())
-            if len(self.kv_spec.groups) > 1 and config.cache.memory_bytes is not None:
-                # One block table serves every layer group: equal pools, memory split by bytes/token.
-                tokens = config.cache.memory_bytes // self.kv_spec.bytes_per_token
-                self.pool_plan = self.kv_spec.plan_pools(num_tokens=max(tokens, config.cache.block_size))
+            num_blocks: int | dict[str, int] = self.pool_plan.pools[0].num_blocks
+            if len(self.kv_spec.groups) > 1:  # a pool per layer group (kv/hybrid.py)
+                if config.cache.host_memory_bytes:
+                    raise ConfigError("the host cache tier is not supported for models with several KV layer groups")
+                num_blocks = {p.group.name: p.num_blocks for p in self.pool_plan.pools}
                 log.info("%s", self.pool_plan.describe())
-            num_blocks = self.pool_plan.pools[0].num_blocks
             host_plan = config.cache.plan_host_pools(self.kv_spec)
             num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
             if host_plan is not None:
@@ -95,18 +97,33 @@ class Engine:
             model_max_len = min(model_max_len, runner.num_blocks * block_size)
         self.max_model_len: int = model_max_len
         self.vocab_size: int = vocab_size or tokenizer.vocab_size
-        self.kv = KVManager(
-            runner.num_blocks,
-            block_size,
-            enable_prefix_caching=config.cache.enable_prefix_caching,
-            eviction_policy=config.cache.eviction_policy,
-            num_host_blocks=getattr(runner, "num_host_blocks", 0),
-            host_eviction_policy=config.cache.host_eviction_policy,
-            clock=clock,
-        )
+        scheduler_config = config.scheduler
+        if self.pool_plan is not None and len(self.pool_plan.pools) > 1:
+            self.kv: KVManager | HybridKVManager = HybridKVManager(
+                self.pool_plan,
+                enable_prefix_caching=config.cache.enable_prefix_caching,
+                eviction_policy=config.cache.eviction_policy,
+                keep_slid_out_blocks=config.cache.keep_slid_out_blocks,
+                clock=clock,
+            )
+            fit = self.kv.max_step_tokens()
+            if fit < scheduler_config.max_batched_tokens:
+                log.warning("max_batched_tokens %d -> %d: what the sliding-window KV pool holds in one step",
+                            scheduler_config.max_batched_tokens, fit)
+                scheduler_config = replace(scheduler_config, max_batched_tokens=fit)
+        else:
+            self.kv = KVManager(
+                runner.num_blocks,
+                block_size,
+                enable_prefix_caching=config.cache.enable_prefix_caching,
+                eviction_policy=config.cache.eviction_policy,
+                num_host_blocks=getattr(runner, "num_host_blocks", 0),
+                host_eviction_policy=config.cache.host_eviction_policy,
+                clock=clock,
+            )
         eos = getattr(tokenizer, "stop_token_ids", ()) or ()
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
+            scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
             clock=clock,
         )
         self._transfers = TransferTotals()

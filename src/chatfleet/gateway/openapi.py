@@ -15,8 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from chatfleet.gateway.body import ENDPOINTS
-from chatfleet.protocol.openai import (ChatCompletionResponse, CompletionResponse, ErrorResponse,
-                                       ModelList)
+from chatfleet.protocol.openai import ChatCompletionResponse, CompletionResponse, ErrorResponse, ModelList
 
 _REPLIES = {"/v1/chat/completions": ChatCompletionResponse, "/v1/completions": CompletionResponse}
 _ERRORS = {

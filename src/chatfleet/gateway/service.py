@@ -15,8 +15,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from fastapi import Request
 
-from chatfleet.errors import (AuthenticationError, ConfigError, InvalidRequestError, ModelNotFoundError,
-                              PayloadTooLargeError)
+from chatfleet.errors import (
+    AuthenticationError,
+    ConfigError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    PayloadTooLargeError,
+)
 from chatfleet.gateway.admission import AdmissionController
 from chatfleet.gateway.body import ENDPOINTS, BodyInspector, BodyRejected, ParsedBody
 from chatfleet.gateway.config import GatewayConfig

@@ -114,7 +114,7 @@ class ReplicaSupervisor:
         del self._due[url]
         state = self._states[url]
         try:
-            proc = self.fleet.restart(index)
+            proc = self.fleet.restart(index, die_with_thread=True)  # this thread lives as long as serve
         except Exception as exc:  # e.g. the port is taken: try again after a longer backoff
             self._states[url] = replace(state, last_error=str(exc))
             self._exited(url, state.last_exit_code, now)

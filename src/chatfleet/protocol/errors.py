@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +19,14 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from chatfleet.errors import ChatfleetError, InvalidRequestError, RateLimitError
+from chatfleet.errors import (
+    AuthenticationError,
+    ChatfleetError,
+    InvalidRequestError,
+    NotFoundError,
+    RateLimitError,
+    ServerOverloadedError,
+)
 from chatfleet.protocol.openai import ErrorInfo, ErrorResponse
 from chatfleet.protocol.sse import encode_event
 
@@ -40,6 +48,8 @@ def _format_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         msg = str(err.get("msg", "invalid value"))
         if not loc and err.get("type") == "missing":
             msg = "the request body is missing; send a JSON object"
+        elif not loc and err.get("type") in ("model_type", "model_attributes_type", "dict_type"):
+            msg = "the request body must be a JSON object"
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         where = ".".join(loc)
@@ -74,8 +84,11 @@ def to_chatfleet_error(exc: BaseException) -> ChatfleetError:
     if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
         return InvalidRequestError(f"malformed JSON body: {exc}")
     if isinstance(exc, StarletteHTTPException):
+        if exc.status_code == 404:
+            return NotFoundError("no such route on this server")
         return _http_error(exc.status_code, str(exc.detail))
-    return _http_error(500, f"internal server error ({type(exc).__name__}: {exc})")
+    # What went wrong inside stays in the server log; the client learns only that it did.
+    return _http_error(500, "internal server error; the server log has the details")
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
@@ -89,8 +102,10 @@ def error_response(exc: BaseException) -> JSONResponse:
     """A Starlette response with the error's HTTP status (and Retry-After when rate limited)."""
     err = to_chatfleet_error(exc)
     headers = {}
-    if isinstance(err, RateLimitError):
+    if isinstance(err, (RateLimitError, ServerOverloadedError)):
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    if isinstance(err, AuthenticationError):
+        headers["WWW-Authenticate"] = 'Bearer realm="chatfleet"'
     return JSONResponse(error_payload(err), status_code=err.status_code, headers=headers)
 
 
@@ -105,8 +120,12 @@ def install_exception_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         err = to_chatfleet_error(exc)
         if err.status_code >= 500:
-            log.error("%s %s failed: %s", request.method, request.url.path, err.message,
+            error_id = uuid.uuid4().hex[:16]
+            log.error("%s %s failed (error id %s): %s", request.method, request.url.path, error_id,
+                      err.message if err is exc else repr(exc),
                       exc_info=exc if not isinstance(exc, ChatfleetError) else None)
+            if err is not exc:  # a foreign exception: the client gets the id to quote, no internals
+                err = _http_error(err.status_code, f"{err.message} (error id {error_id})")
         return error_response(err)
 
     for exc_type in (ChatfleetError, RequestValidationError, ValidationError,

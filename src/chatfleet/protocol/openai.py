@@ -24,6 +24,8 @@ from chatfleet.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries; OpenAI's own limit is lower
+MAX_ID_CHARS = 256  # model names, user ids, cache salts
 
 
 def random_id(prefix: str) -> str:
@@ -35,9 +37,12 @@ def now_s() -> int:
 
 
 class _Wire(BaseModel):
-    """Request-side model: unknown fields are kept (so a proxy can re-serialize faithfully)."""
+    """Request-side model: unknown fields are kept (so a proxy can re-serialize faithfully).
 
-    model_config = ConfigDict(extra="allow")
+    Strict as OpenAI is: a boolean is not a number, ``"yes"`` is not a boolean, ``2.0`` is not
+    an integer (an integer is a fine float)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class _Out(BaseModel):
@@ -105,6 +110,26 @@ class ChatMessage(_Wire):
         return "".join(out)
 
 
+class JsonSchemaFormat(_Wire):
+    name: str = Field(default="response", max_length=MAX_ID_CHARS)
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Wire):
+    """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
 def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     stops = [v] if isinstance(v, str) else (v or [])
     if len(stops) > MAX_STOP_STRINGS:
@@ -117,7 +142,7 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 class SamplingFields(_Wire):
     """Sampling fields shared by chat and legacy completions (OpenAI + vLLM extensions)."""
 
-    model: str | None = None
+    model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # extension
@@ -127,14 +152,36 @@ class SamplingFields(_Wire):
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    user: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)  # extension (HF/vLLM)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # extension
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: ResponseFormat | None = None
     min_tokens: int = Field(default=0, ge=0)  # extension
     ignore_eos: bool = False  # extension
     include_stop_str_in_output: bool = False  # extension
-    cache_salt: str | None = None  # extension: extra prefix-cache key (tenant isolation)
+    cache_salt: str | None = Field(default=None, max_length=MAX_ID_CHARS)  # extension: prefix-cache key
     return_tokens_as_token_ids: bool = False  # extension: logprob tokens as "token_id:N"
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed")
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 12):
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): float(b) for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -208,7 +255,8 @@ class CompletionRequest(SamplingFields):
                 raise ValueError("prompt must not be empty")
             if isinstance(v[0], list) and any(not p for p in v):
                 raise ValueError("token-id prompts must not be empty")
-            if isinstance(v[0], int) and any(t < 0 for t in v):
+            ids = v if isinstance(v[0], int) else (t for p in v if isinstance(p, list) for t in p)
+            if any(t < 0 for t in ids):
                 raise ValueError("token ids must be non-negative")
         return v
 

@@ -113,7 +113,7 @@ class Fleet:
         cfg = self.config
         return [sys.executable, "-m", "chatfleet.cli.main", "engine", "--model", cfg.model,
                 "--host", cfg.host, "--port", str(port), "--threads", str(cfg.threads()),
-                "--log-level", "warning", *cfg.engine_args]  # later flags win
+                "--log-level", "warning", "--enable-admin-api", *cfg.engine_args]  # later flags win
 
     def start(self) -> list[str]:
         """Start the engines and wait until each answers /health; returns their URLs."""
@@ -134,19 +134,23 @@ class Fleet:
             raise
         return list(self.urls)
 
-    def restart(self, index: int) -> subprocess.Popen:
-        """Start engine ``index`` again on its own port (after it died); does not wait for it."""
+    def restart(self, index: int, die_with_thread: bool = False) -> subprocess.Popen:
+        """Start engine ``index`` again on its own port (after it died); does not wait for it.
+        ``die_with_thread``: the engine gets SIGTERM when the calling thread ends (for a
+        supervisor thread that lives as long as the process)."""
         old = self.processes[index]
         if old.poll() is None:
             raise FleetError(f"engine {self.urls[index]} is still running")
         port = int(self.urls[index].rsplit(":", 1)[1])
-        self.processes[index] = self._spawn(index, port, append_log=True)
+        self.processes[index] = self._spawn(index, port, append_log=True, die_with_thread=die_with_thread)
         return self.processes[index]
 
-    def _spawn(self, index: int, port: int, append_log: bool = False) -> subprocess.Popen:
+    def _spawn(self, index: int, port: int, append_log: bool = False,
+               die_with_thread: bool = False) -> subprocess.Popen:
         cfg = self.config
         threads = str(cfg.threads())
-        with_parent = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+        with_parent = sys.platform == "linux" and (
+            die_with_thread or threading.current_thread() is threading.main_thread())
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, **cfg.extra_env)
         log = cfg.log_path(index)
         out: IO[bytes] | None = None

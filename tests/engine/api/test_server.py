@@ -12,6 +12,7 @@ import torch
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chatfleet.engine.api.options import ServerOptions
 from chatfleet.engine.api.server import build_app
 from chatfleet.loopback import ServerThread
 from chatfleet.models.tiny import resolve_model
@@ -33,7 +34,7 @@ def server():
         scheduler=SchedulerConfig(max_batched_tokens=256),
     )
     engine = AsyncEngine(Engine(config), check_integrity_when_idle=True)
-    with ServerThread(build_app(engine)) as srv:
+    with ServerThread(build_app(engine, options=ServerOptions(enable_admin_api=True))) as srv:
         srv.engine = engine
         yield srv
 
@@ -224,7 +225,6 @@ BAD_CHAT = [
     ("messages wrong type", {"messages": "hi"}, "messages"),
     ("max_tokens wrong type", {"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
     ("temperature wrong type", {"messages": MSG, "temperature": "hot"}, "temperature"),
-    ("unknown model", {"model": "gpt-9", "messages": MSG}, "model"),
     ("negative max_tokens", {"messages": MSG, "max_tokens": -5}, "max_tokens"),
     ("huge max_tokens", {"messages": MSG, "max_tokens": 10**9}, "max_tokens"),
     ("empty messages", {"messages": []}, "messages"),
@@ -263,6 +263,24 @@ def test_bad_input_gets_400_in_openai_format(server, path, case):
     assert err["type"] == "invalid_request_error" and err["message"]
     if param is not None:
         assert err["param"] == param, err
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"model": "gpt-9", "messages": MSG}),
+                                       ("/v1/completions", {"model": "gpt-9", "prompt": "hi"})])
+def test_unknown_model_is_404_model_not_found(server, path, body):
+    r = _post(server, path, body)
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-9" in err["message"]
+
+
+def test_models_route_lists_and_finds_the_served_model(server):
+    listed = httpx.get(server.url + "/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == ["tiny"]
+    one = httpx.get(server.url + "/v1/models/tiny")
+    assert one.status_code == 200 and one.json()["id"] == "tiny" and one.json()["object"] == "model"
+    missing = httpx.get(server.url + "/v1/models/gpt-9")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
 def test_server_healthy_after_bad_input(server, client):

@@ -65,12 +65,12 @@ def test_completion_max_tokens_zero_runs_one_token_and_prompt_logprobs_only_with
 
 def test_completion_prompt_forms():
     tok = Tok()
-    assert completion_prompt(tok, CompletionRequest.model_validate({"prompt": "ab"})).token_ids == [47, 48]
-    ids = completion_prompt(tok, CompletionRequest.model_validate({"prompt": [[1, 2]]}))
+    assert completion_prompt(tok, CompletionRequest.model_validate({"prompt": "ab"}).prompts[0]).token_ids == [47, 48]
+    ids = completion_prompt(tok, CompletionRequest.model_validate({"prompt": [[1, 2]]}).prompts[0])
     assert ids.token_ids == [1, 2] and ids.text == "bbc"
-    for prompt in ([1, 99], ["a", "b"], ""):
+    for prompt in ([1, 99], ""):
         with pytest.raises(InvalidRequestError):
-            completion_prompt(tok, CompletionRequest.model_validate({"prompt": prompt}))
+            completion_prompt(tok, CompletionRequest.model_validate({"prompt": prompt}).prompts[0])
 
 
 def test_completion_logprobs_offsets_and_top():

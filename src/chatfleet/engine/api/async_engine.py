@@ -161,7 +161,7 @@ class AsyncEngine:
                 if item.finished:
                     finished = True
                     if item.finish_reason == "error":
-                        raise RequestFailedError(f"request {request_id} failed in the engine")
+                        raise RequestFailedError(f"request {request_id} failed in the engine; the server log has the cause")
                 yield item
                 if finished:
                     return
@@ -196,7 +196,7 @@ class AsyncEngine:
 
     def _check_alive(self) -> None:
         if self.dead_error is not None:
-            raise EngineDeadError(f"the engine loop died: {self.dead_error!r}")
+            raise EngineDeadError("the engine loop stopped after an internal error; the server log has the cause")
         if self._thread is None:
             raise EngineDeadError("the engine is not started")
 
@@ -233,7 +233,7 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - the loop must report any crash
             log.exception("engine loop crashed")
             self.dead_error = exc
-            err = EngineDeadError(f"the engine loop died: {exc!r}")
+            err = EngineDeadError("the engine loop stopped after an internal error; the server log has the cause")
             self._fail_inbox(err)
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._fail_all, err)

@@ -1,26 +1,35 @@
 """The engine's OpenAI-compatible HTTP API (FastAPI + uvicorn).
 
-``build_app(async_engine)`` makes the app; ``run_server(config, host, port)`` loads the model
-and serves it. Routes raise; ``protocol.errors`` turns every error into OpenAI error JSON.
+``build_app(async_engine, options=ServerOptions())`` makes the app; ``run_server(config, host,
+port)`` loads the model and serves it. Routes raise; ``protocol.errors`` turns every error into
+OpenAI error JSON. Bodies over the limit get 413 before they are parsed, JSON goes through
+``protocol.safe_json``, prompts are rendered and tokenized off the event loop
+(``engine/api/prompts.py``), and each request runs under the ``--request-timeout`` deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
-from chatfleet.engine.config import EngineConfig
-from chatfleet.engine.api.memory_metrics import MemoryCollector
-from chatfleet.engine.api.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
-from chatfleet.engine.outputs import RequestOutput
-from chatfleet.engine.request import SamplingParams
+from chatfleet.engine.api.auth import Authenticator, Tenant
+from chatfleet.engine.api.metrics import CONTENT_TYPE
+from chatfleet.engine.api.openapi import ERROR_RESPONSES, install_openapi
+from chatfleet.engine.api.options import ServerOptions
+from chatfleet.engine.api.prompts import PromptBuilder
+from chatfleet.engine.api.requests import (
+    Deadline,
+    RequestOutputs,
+    ServerState,
+    SSEResponse,
+    cancel_on_disconnect,
+)
 from chatfleet.engine.api.responders import (
     chat_response,
     chat_stream,
@@ -28,15 +37,11 @@ from chatfleet.engine.api.responders import (
     completion_stream,
     new_context,
 )
-from chatfleet.engine.api.serving import (
-    chat_prompt_ids,
-    template_tools,
-    chat_sampling_params,
-    completion_prompt,
-    completion_sampling_params,
-)
-from chatfleet.errors import ChatfleetError, EngineDeadError, ModelNotFoundError
-from chatfleet.protocol.errors import install_exception_handlers
+from chatfleet.engine.api.serving import chat_sampling_params, completion_sampling_params, template_tools
+from chatfleet.engine.config import EngineConfig
+from chatfleet.errors import EngineDeadError, InvalidRequestError, NotFoundError
+from chatfleet.protocol.body_limit import BodyLimitMiddleware
+from chatfleet.protocol.errors import error_response, install_exception_handlers
 from chatfleet.protocol.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,50 +51,9 @@ from chatfleet.protocol.openai import (
     TokenizeResponse,
     random_id,
 )
-from chatfleet.protocol.sse import MEDIA_TYPE
+from chatfleet.protocol.safe_json import SafeJSONRoute
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class SSEResponse(StreamingResponse):
-    """A streaming response that always closes its body and request (aborting it if unfinished)."""
-
-    media_type = MEDIA_TYPE
-
-    def __init__(self, content: AsyncIterator[bytes], outputs: RequestOutputs) -> None:
-        super().__init__(content, headers=SSE_HEADERS)
-        self.outputs = outputs
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
-            await self.outputs.aclose()
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def cancel_on_disconnect(request: Request, handler: Awaitable[Response]) -> Response:
-    """Run ``handler``; if the client goes away first, cancel it (aborting its request)."""
-    task = asyncio.ensure_future(handler)
-    listener = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, listener):
-            if not t.done():
-                t.cancel()
-        with suppress(asyncio.CancelledError):
-            await listener
-    if task.cancelled() or not task.done():
-        with suppress(asyncio.CancelledError, Exception):
-            await task
-        return Response(status_code=499)
-    return task.result()
+__all__ = ["build_app", "build_engine", "run_server", "RequestOutputs", "ServerState", "SSEResponse"]
 
 
 class EngineUnavailableError(EngineDeadError):
@@ -100,6 +64,8 @@ class EngineUnavailableError(EngineDeadError):
 
 SESSION_HEADER = "x-session-id"  # what the gateway forwards (GatewayConfig.session_header)
 MAX_SESSION_ID_CHARS = 256
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered without an API key (probes, scrapers)
+ADMIN_PATHS = frozenset({"/reset_prefix_cache"})
 
 
 def session_id_of(request: Request, user: str | None) -> str | None:
@@ -109,74 +75,35 @@ def session_id_of(request: Request, user: str | None) -> str | None:
     return session[:MAX_SESSION_ID_CHARS] if session else None
 
 
-class ServerState:
-    """What the routes share: the engine, metrics and the names this server answers to."""
+class AuthMiddleware:
+    """Every route but ``OPEN_PATHS`` needs a key (when keys are set); the tenant goes in ``request.state``."""
 
-    def __init__(self, engine: AsyncEngine, model_aliases: tuple[str, ...] = ()) -> None:
-        self.engine = engine
-        self.model_name = engine.model_name
-        self.names = {engine.model_name, *model_aliases}
-        self.metrics = ServerMetrics(engine.model_name)
-        if engine.memory is not None:  # the start-up memory breakdown, as gauges
-            self.metrics.registry.register(MemoryCollector(engine.model_name, engine.memory))
-        engine.on_first_scheduled = self.metrics.queue_time.observe
-        self.open_requests = 0
+    def __init__(self, app: Any, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.names:
-            raise ModelNotFoundError(
-                f"model {model!r} is not served here; this server serves {self.model_name!r}",
-                param="model",
-            )
-
-    async def start(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None,
-        session_id: str | None = None,
-    ) -> RequestOutputs:
-        """Submit a request and wait for its first output, so that admission errors are HTTP errors."""
-        timer = RequestTimer(self.metrics)
-        gen = self.engine.generate(request_id, prompt_ids, params, cache_salt=cache_salt, session_id=session_id)
-        try:
-            first = await anext(gen)
-        except ChatfleetError as exc:
-            self.metrics.request_rejected(exc.status_code)
-            raise
-        return RequestOutputs(self, first, gen, timer)
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            if scope["path"] not in OPEN_PATHS:
+                try:
+                    tenant = self.auth.check(Request(scope))
+                except Exception as exc:  # noqa: BLE001 - AuthenticationError, answered as 401
+                    await error_response(exc)(scope, receive, send)
+                    return
+                scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
 
 
-class RequestOutputs:
-    """One request's outputs as an async iterator; ``aclose()`` (idempotent) aborts it if unfinished."""
-
-    def __init__(self, state: ServerState, first: RequestOutput, gen: AsyncIterator[RequestOutput],
-                 timer: RequestTimer) -> None:
-        self._state = state
-        self._first: RequestOutput | None = first
-        self._gen = gen
-        self._timer = timer
-        self._closed = False
-        state.open_requests += 1
-
-    def __aiter__(self) -> RequestOutputs:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._first is not None:
-            out, self._first = self._first, None
-        else:
-            out = await anext(self._gen)
-        self._timer.on_output(out)
-        return out
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._state.open_requests -= 1
-            await self._gen.aclose()
+def tenant_of(request: Request) -> Tenant:
+    return request.state.tenant
 
 
-def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start_engine: bool = True) -> FastAPI:
+def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start_engine: bool = True,
+              options: ServerOptions | None = None) -> FastAPI:
     """The HTTP app over ``engine``; the engine thread starts and stops with the app."""
+    options = options or ServerOptions()
     state = ServerState(engine, model_aliases)
+    prompts = PromptBuilder(engine.tokenizer, engine.max_model_len, workers=options.tokenizer_workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -185,54 +112,72 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         try:
             yield
         finally:
+            prompts.close()
             if start_engine:
                 await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(title="chatfleet engine", lifespan=lifespan)
+    app.router.route_class = SafeJSONRoute
     app.state.chatfleet = state
     install_exception_handlers(app)
+    install_openapi(app)
+    app.add_middleware(AuthMiddleware, auth=Authenticator(options.api_keys, salt_per_key=options.salt_cache_per_key))
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes)
     tok = engine.tokenizer
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         async def handle() -> Response:
+            deadline = Deadline(options.request_timeout_s)
             state.check_model(body.model)
-            prompt_ids = chat_prompt_ids(tok, body.messages, body.add_generation_prompt, template_tools(body))
+            prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt,
+                                                         template_tools(body)))
             params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt_ids, params, body.cache_salt,
-                                        session_id_of(request, body.user))
+            outputs = await state.start(ctx.request_id, prompt_ids, params, tenant_of(request).salt(body.cache_salt),
+                                        session_id_of(request, body.user), deadline)
             if body.stream:
                 return SSEResponse(chat_stream(ctx, body, outputs), outputs)
             return JSONResponse((await chat_response(ctx, body, outputs)).model_dump())
 
         return await cancel_on_disconnect(request, handle())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         async def handle() -> Response:
+            deadline = Deadline(options.request_timeout_s)
             state.check_model(body.model)
-            prompt = completion_prompt(tok, body)
+            if len(body.prompts) != 1:
+                raise InvalidRequestError(f"this server takes one prompt per request, got {len(body.prompts)}",
+                                          param="prompt")
+            prompt = await deadline.run(prompts.completion(body.prompts[0]))
             params = completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt.token_ids, params, body.cache_salt,
-                                        session_id_of(request, body.user))
+            outputs = await state.start(ctx.request_id, prompt.token_ids, params, tenant_of(request).salt(body.cache_salt),
+                                        session_id_of(request, body.user), deadline)
             if body.stream:
                 return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
             return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())
 
         return await cancel_on_disconnect(request, handle())
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len,
+    def model_card() -> ModelCard:
+        return ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.max_model_len,
                          kv_cache_tokens=engine.kv_cache_tokens)
-        return ModelList(data=[card]).model_dump()
+
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
+    async def models() -> dict[str, Any]:
+        return ModelList(data=[model_card()]).model_dump()
+
+    @app.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)
+        return model_card().model_dump()
 
     @app.get("/health")
     async def health() -> Response:
         if not engine.is_alive:
-            raise EngineUnavailableError(f"the engine loop is not running ({engine.dead_error!r})")
+            raise EngineUnavailableError("the engine loop is not running; the server log has the cause")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -241,19 +186,22 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         body = state.metrics.render(stats, alive=engine.is_alive, open_requests=state.open_requests)
         return Response(body, media_type=CONTENT_TYPE)
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", responses=ERROR_RESPONSES)
     async def reset_prefix_cache() -> dict[str, Any]:
+        if not options.enable_admin_api:
+            raise NotFoundError("/reset_prefix_cache is an admin route; start the engine with --enable-admin-api")
         empty = bool(await engine.reset_prefix_cache())
         state.metrics.prefix_cache_reset(empty)
         return {"success": empty, "prefix_cache_empty": empty}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         state.check_model(body.model)
+        deadline = Deadline(options.request_timeout_s)
         if body.messages is not None:
-            tokens = chat_prompt_ids(tok, body.messages, body.add_generation_prompt)
+            tokens = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt))
         else:
-            tokens = tok.encode(body.prompt)
+            tokens = await deadline.run(prompts.encode(body.prompt))
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=engine.max_model_len).model_dump()
 
     return app
@@ -267,9 +215,9 @@ def build_engine(config: EngineConfig, **kw: Any) -> AsyncEngine:
 
 
 def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *,
-               log_level: str = "info") -> None:
+               log_level: str = "info", options: ServerOptions | None = None) -> None:
     """Load the model, then serve it until interrupted (SIGINT/SIGTERM shut down cleanly)."""
     engine = build_engine(config)
     aliases = tuple(a for a in (config.model,) if a != engine.model_name)
-    app = build_app(engine, model_aliases=aliases)
+    app = build_app(engine, model_aliases=aliases, options=options)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -6,6 +6,7 @@ What the built-in engine does not support (n > 1, penalties, suffix) is refused 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +60,17 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+                    tools: list[dict[str, Any]] | None = None, *,
+                    check_text: Callable[[str, str], None] | None = None) -> list[int]:
+    """Render the chat template and encode it; ``check_text(text, param)`` may refuse the text first."""
     plain = [template_message(m) for m in messages]
     extra = {"tools": tools} if tools else {}
     try:
         text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, **extra)
     except jinja2.TemplateError as exc:
         raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
+    if check_text is not None:
+        check_text(text, "messages")
     return tokenizer.encode(text)
 
 
@@ -75,14 +80,8 @@ class CompletionPrompt:
     text: str
 
 
-def completion_prompt(tokenizer: Any, req: CompletionRequest) -> CompletionPrompt:
-    """The one prompt of a completions request, as token ids and text."""
-    prompts = req.prompts
-    if len(prompts) != 1:
-        raise InvalidRequestError(
-            f"this server takes one prompt per request, got {len(prompts)}", param="prompt"
-        )
-    prompt = prompts[0]
+def completion_prompt(tokenizer: Any, prompt: str | list[int]) -> CompletionPrompt:
+    """One prompt of a completions request (a text or token ids), as token ids and text."""
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
@@ -100,9 +99,12 @@ def completion_prompt(tokenizer: Any, req: CompletionRequest) -> CompletionPromp
 def _common(req: SamplingFields) -> dict[str, Any]:
     if req.n != 1:
         raise InvalidRequestError("only n=1 is supported", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias"):
+        if getattr(req, name) is not None:
             raise InvalidRequestError(f"{name} is not supported by this engine", param=name)
+    if req.response_format is not None and req.response_format.type != "text":
+        raise InvalidRequestError(
+            f"response_format {req.response_format.type!r} is not supported by this engine", param="response_format")
     return dict(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,

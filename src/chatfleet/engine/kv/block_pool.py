@@ -157,6 +157,14 @@ class BlockPool:
             return None
         return block
 
+    def forget(self, block: KVBlock) -> None:
+        """Drop an unreferenced cached block's contents now (evictable -> free, unindexed)."""
+        if block.ref_cnt != 0 or block.block_hash is None:
+            raise KVIntegrityError(f"forgetting {block!r}, which is not an unreferenced cached block")
+        self._evictable.remove(block)
+        self._drop_hash(block)
+        self._free.append(block)
+
     def reset_prefix_cache(self) -> bool:
         """Drop every unreferenced cached block; True when no hashed block remains."""
         while len(self._evictable):

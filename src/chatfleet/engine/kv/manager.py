@@ -196,6 +196,10 @@ class KVManager:
         state = self._requests.get(request_id)
         return list(state.block_ids) if state is not None else []
 
+    def group_block_ids(self, request_id: str) -> dict[str, list[int]] | None:
+        """None: one table (``block_ids``) serves every layer group (see ``kv/hybrid.py``)."""
+        return None
+
     def num_blocks_of(self, request_id: str) -> int:
         state = self._requests.get(request_id)
         return len(state.blocks) if state is not None else 0

@@ -22,8 +22,10 @@ from safetensors import safe_open
 from torch import nn
 
 from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
+from chatfleet.engine.models.fp8_linear import FP8Linear
 from chatfleet.engine.models.gemma4_config import Gemma4Config
-from chatfleet.engine.models.linear import resolve_kernel_backend
+from chatfleet.engine.models.linear import Linear, resolve_kernel_backend
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import ConfigError
@@ -196,10 +198,49 @@ def load_gemma4_weights(model: Gemma4ForCausalLM, folder: Path, *, language_mode
     return WeightLoadReport(loaded_bytes, skipped_bytes, skipped, tuple(skipped_prefixes))
 
 
+def _fp8_part_sizes(model: Gemma4ForCausalLM, name: str, module: Linear) -> list[int]:
+    """The separately scaled parts of a linear: q/k(/v) and gate/up as the checkpoint has them;
+    an expert's ``gate_up_proj`` is one checkpoint tensor (one scale grid)."""
+    leaf = name.rpartition(".")[2]
+    if leaf == "qkv_proj":
+        return model.layers[int(name.split(".")[1])].self_attn.qkv_part_sizes()
+    if leaf == "gate_up_proj" and ".mlp." in name:
+        half = module.out_features // 2
+        return [half, half]
+    return [module.out_features]
+
+
+def quantize_linears_fp8(model: Gemma4ForCausalLM, fmt: FP8WeightFormat) -> int:
+    """Replace every loaded ``Linear`` (attention, MLP, router, each expert; not lm_head) by an
+    ``FP8Linear`` holding its weight quantized with ``fmt``'s scales; returns how many."""
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, Linear) or name == "lm_head" or fmt.is_ignored(name):
+            continue
+        assert module.weight is not None
+        sizes = _fp8_part_sizes(model, name, module)
+        fp8 = FP8Linear(module.in_features, sizes, fmt, bias=module.bias is not None, dtype=module.weight.dtype)
+        fp8 = fp8.to(module.weight.device)
+        row = 0
+        with torch.no_grad():
+            for i, n in enumerate(sizes):
+                fp8.set_part(i, module.weight[row : row + n].float())
+                row += n
+            if module.bias is not None:
+                fp8.bias.copy_(module.bias)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, fp8)
+        swapped += 1
+    return swapped
+
+
 def load_gemma4(folder: Path, hf_config: dict, dtype: str | torch.dtype = "float32",
                 device: str | torch.device = "cpu", kernels: str = "auto",
-                language_model_only: bool = True) -> LoadedModel:
-    """Build a Gemma 4 text model from ``folder`` (see ``loader.load_model``)."""
+                language_model_only: bool = True, fp8: FP8WeightFormat | None = None) -> LoadedModel:
+    """Build a Gemma 4 text model from ``folder`` (see ``loader.load_model``).
+
+    ``fp8``: quantize every linear (experts included) block-wise after loading (``--quantization
+    fp8``); FP8 checkpoints of Gemma 4 are not read yet."""
     cfg = Gemma4Config.from_hf(hf_config)
     torch_dtype = resolve_dtype(dtype)
     dev = torch.device(device)
@@ -210,6 +251,8 @@ def load_gemma4(folder: Path, hf_config: dict, dtype: str | torch.dtype = "float
     report = load_gemma4_weights(model, folder, language_model_only=language_model_only)
     log.info("%s", report.describe())
     model.eval().requires_grad_(False)
+    if fp8 is not None:
+        log.info("FP8 (quantized at load): %d linears", quantize_linears_fp8(model, fp8))
     model.use_kernels(backend)
     model.init_rotary()
     return LoadedModel(model=model, config=cfg, tokenizer=ChatTokenizer.from_pretrained(folder), path=folder,

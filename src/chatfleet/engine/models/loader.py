@@ -266,9 +266,10 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
     if is_gemma4(hf_config):
         from chatfleet.engine.models.gemma4_weights import load_gemma4
 
-        if fmt is not None or embedding_dtype != "auto":
-            raise ConfigError("FP8 weights and embeddings are not supported for Gemma 4 models yet")
-        return replace(load_gemma4(folder, hf_config, dtype, device, kernels, language_model_only),
+        if FP8WeightFormat.from_hf(hf_config) is not None or embedding_dtype != "auto":
+            raise ConfigError("FP8 Gemma 4 checkpoints and FP8 embeddings are not supported yet"
+                              " (--quantization fp8 quantizes a 16/32-bit Gemma 4 at load)")
+        return replace(load_gemma4(folder, hf_config, dtype, device, kernels, language_model_only, fmt),
                        hf_config=hf_config)
     cfg = Qwen3Config.from_hf(hf_config)
     torch_dtype = resolve_dtype(dtype)

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -91,9 +92,12 @@ class _PendingPromptRow:
 class TorchRunner:
     """``execute(SchedulerOutput) -> RunnerOutput`` on a loaded model; owns the KV cache tensors."""
 
-    def __init__(self, loaded_model: LoadedModel, num_blocks: int, block_size: int,
+    def __init__(self, loaded_model: LoadedModel, num_blocks: int | Mapping[str, int], block_size: int,
                  device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
                  kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
+        # One pool size for every layer group, or one per group name (kv/hybrid.py).
+        group_blocks = dict(num_blocks) if isinstance(num_blocks, Mapping) else None
+        num_blocks = max(group_blocks.values()) if group_blocks else num_blocks
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.loaded = loaded_model
@@ -112,9 +116,13 @@ class TorchRunner:
         # One cache per layer that stores KV, shaped by its layer group (KV-sharing layers: None).
         self.kv_spec = self.config.kv_cache_spec(block_size, str(loaded_model.dtype).removeprefix("torch."))
         self.kv_caches: list[KVCache | None] = [None] * max(self.kv_spec.num_model_layers, 1)
+        if group_blocks is not None:  # the longest request: what a full-attention pool holds
+            self._num_blocks = min((group_blocks[g.name] for g in self.kv_spec.groups if not g.is_sliding),
+                                   default=num_blocks)
         for g in self.kv_spec.groups:
             for i in g.layer_indices:
-                self.kv_caches[i] = KVCache.allocate(num_blocks, block_size, g.num_kv_heads, g.head_dim,
+                n = group_blocks[g.name] if group_blocks is not None else num_blocks
+                self.kv_caches[i] = KVCache.allocate(n, block_size, g.num_kv_heads, g.head_dim,
                                                      kv_dtype, self.device, scales.k[i], scales.v[i])
         self.host_kv = HostKVTransfer([c for c in self.kv_caches if c is not None], num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
@@ -241,14 +249,19 @@ class TorchRunner:
                             ) -> AttentionMetadata | dict[str, AttentionMetadata]:
         """One metadata for a single full-attention group; else one per layer group (its window)."""
 
-        def build(window: int | None) -> AttentionMetadata:
+        def table(c: ScheduledChunk, group: str | None) -> list[int]:
+            if group is None or c.group_block_tables is None:
+                return c.block_table
+            return c.group_block_tables[group]
+
+        def build(window: int | None, group: str | None = None) -> AttentionMetadata:
             meta = build_attention_metadata(
                 self._block_size,
                 decode_context_lens=[c.context_length for c in decodes],
-                decode_block_tables=[c.block_table for c in decodes],
+                decode_block_tables=[table(c, group) for c in decodes],
                 chunk_starts=[c.start_position for c in prefills],
                 chunk_lens=[c.num_tokens for c in prefills],
-                chunk_block_tables=[c.block_table for c in prefills],
+                chunk_block_tables=[table(c, group) for c in prefills],
                 device=self.device,
                 sliding_window=window,
             )
@@ -257,7 +270,7 @@ class TorchRunner:
 
         if self.kv_spec.is_uniform:
             return build(None)
-        return {g.name: build(g.sliding_window) for g in self.kv_spec.groups}
+        return {g.name: build(g.sliding_window, g.name) for g in self.kv_spec.groups}
 
     def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
         """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""

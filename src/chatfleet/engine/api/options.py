@@ -1,0 +1,47 @@
+"""What the engine's HTTP front enforces: body limit, deadline, API keys, admin routes, workers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from chatfleet.errors import ConfigError
+from chatfleet.protocol.body_limit import DEFAULT_MAX_BODY_BYTES
+
+API_KEY_ENV = "CHATFLEET_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Frozen, validated options of the engine's HTTP server (``chatfleet engine`` flags).
+
+    ``api_keys``: Bearer keys every ``/v1`` route (and the admin routes) require; empty: open.
+    ``enable_admin_api``: serve ``/reset_prefix_cache`` (404 otherwise).
+    ``salt_cache_per_key``: with keys, each key gets its own prefix-cache salt, so one tenant
+    cannot learn by timing which prompts another sent.
+    """
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    request_timeout_s: float | None = None
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    enable_admin_api: bool = False
+    salt_cache_per_key: bool = True
+    tokenizer_workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max body bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ConfigError(f"request timeout must be > 0 seconds, got {self.request_timeout_s}")
+        if any(not k or k != k.strip() for k in self.api_keys):
+            raise ConfigError("API keys must be non-empty and have no surrounding spaces")
+        if self.tokenizer_workers < 1:
+            raise ConfigError("tokenizer workers must be >= 1")
+
+    @staticmethod
+    def keys_from(flag: str | None, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+        """Keys from ``--api-key`` (comma-separated) or else the ``CHATFLEET_API_KEY`` variable."""
+        value = flag if flag is not None else (os.environ if environ is None else environ).get(API_KEY_ENV)
+        if not value:
+            return ()
+        return tuple(k.strip() for k in value.split(",") if k.strip())
