@@ -83,7 +83,7 @@ def run_alone(prompt, params, **engine_kw):
 # ---- admission -----------------------------------------------------------------------------------
 
 def test_bad_requests_fail_at_once_with_clear_errors():
-    engine = make_engine(num_blocks=8, max_model_len=64, max_waiting=1)
+    engine = make_engine(num_blocks=8, max_model_len=64, max_running=1, max_waiting=0)
     with pytest.raises(InvalidRequestError, match="empty"):
         engine.add_request("a", [], greedy())
     with pytest.raises(InvalidRequestError, match="vocabulary") as exc:

@@ -80,15 +80,19 @@ def test_decodes_go_before_an_earlier_unfinished_prompt():
 
 
 def test_max_running_caps_the_batch_and_max_waiting_bounds_the_queue():
+    """A burst between two steps admits exactly max_running + max_waiting."""
     sched, runner = make(max_running=2, max_waiting=3)
-    for i in range(3):
+    for i in range(5):
         sched.add_request(req(f"r{i}", 4, float(i)))
     with pytest.raises(ServerOverloadedError) as exc:
-        sched.add_request(req("r3", 4, 3.0))
-    assert exc.value.status_code == 503
+        sched.add_request(req("r5", 4, 5.0))
+    assert exc.value.status_code == 503 and "--max-waiting 3" in exc.value.message
     plan = step(sched, runner)
-    assert len(plan.chunks) == 2 and sched.num_running == 2 and sched.num_waiting == 1
-    sched.add_request(req("r3", 4, 3.0))
+    assert len(plan.chunks) == 2 and sched.num_running == 2 and sched.num_waiting == 3
+    with pytest.raises(ServerOverloadedError):
+        sched.add_request(req("r5", 4, 5.0))
+    sched.finish_request("r0", RequestStatus.FINISHED_ABORTED)
+    sched.add_request(req("r5", 4, 5.0))  # a free batch slot is room again
     drain(sched, runner)
 
 

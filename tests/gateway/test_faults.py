@@ -29,3 +29,16 @@ def error(code=None) -> bytes:
 ])
 def test_classify(status, body, verdict):
     assert classify(status, body) is verdict
+
+
+def test_a_reused_connection_the_replica_closed_is_not_its_failure():
+    import errno
+
+    import aiohttp
+
+    from chatfleet.gateway.proxy import _stale_connection
+
+    assert _stale_connection(aiohttp.ServerDisconnectedError())
+    assert _stale_connection(aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer"))
+    assert not _stale_connection(aiohttp.ClientOSError(errno.ECONNREFUSED, "Connection refused"))
+    assert not _stale_connection(TimeoutError())

@@ -156,6 +156,30 @@ def test_disconnect_stops_the_engine_request(engines, gateways):
     wait_for(lambda: gw.gateway.admission.in_flight(replica) == 0, what="slot release")
 
 
+def test_hostile_input_never_takes_a_replica_out(engines, gateways):
+    # One failure counted against a replica takes it out; slow health checks on a loaded machine don't.
+    gw = gateways(engines, failure_threshold=1, health_interval_s=60, health_timeout_s=30)
+    surrogate = b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800 hi"}]}'
+    at_the_gateway = [  # refused before any replica sees them
+        b'{"model": "tiny", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        b'{"model": "tiny", "max_tokens": ' + b"9" * 5000 + b', "messages": []}',
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\xff"}]}',
+    ]
+    with http(gw.url) as client:
+        for _ in range(3):
+            for body in at_the_gateway:
+                assert client.post("/v1/chat/completions", content=body).status_code == 400
+            for headers in ({}, {"X-Session-ID": "s-surrogate"}):  # without the header: hashed, not a crash
+                r = client.post("/v1/chat/completions", content=surrogate, headers=headers)
+                assert r.status_code != 502, r.text  # the engine's own answer, passed on as it is
+        assert client.get("/health").json()["healthy_replicas"] == len(engines)
+        assert client.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"}]}).status_code == 200
+    for url in engines:
+        state = gw.gateway.replicas[url]
+        assert state.healthy and state.stats.marked_down == 0 and state.stats.upstream_errors == 0
+
+
 def test_killed_replica_loses_no_request(fleet, engines, gateways):
     """Runs last: it kills one engine of the module's fleet."""
     gw = gateways(engines, max_in_flight=3, queue_size=32, max_queue_wait_s=120, health_interval_s=60)

@@ -74,9 +74,16 @@ class Scheduler:
         return bool(self.requests)
 
     def add_request(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_waiting:
+        """Queue a request; the engine holds at most max_running + max_waiting at once.
+
+        Requests added between two steps all sit in ``waiting`` until the next step schedules
+        them, so free batch slots count as room too (else a burst admits only max_waiting)."""
+        free_slots = max(0, self.config.max_running - len(self.running))
+        if len(self.waiting) >= self.config.max_waiting + free_slots:
             raise ServerOverloadedError(
-                f"the waiting queue is full ({self.config.max_waiting} requests); retry later"
+                f"the engine is full: {len(self.running)} running, {len(self.waiting)} waiting"
+                f" (--max-running {self.config.max_running}, --max-waiting {self.config.max_waiting});"
+                " retry later"
             )
         self.requests[request.request_id] = request
         self.waiting.push(request)

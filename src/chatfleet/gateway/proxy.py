@@ -13,6 +13,7 @@ with an SSE error event and a clean close. Every request ends with a reply or an
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -63,6 +64,16 @@ class _Started:
     chunks: Any  # the rest of the raw body
     first: bytes
     whole: bool  # ``first`` is the whole body
+
+
+def _stale_connection(exc: BaseException) -> bool:
+    """A kept-alive connection the replica closed (e.g. after answering an error) fails like this
+    when reused, before any reply: not the replica's failure. A refused connection is."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
 def _describe(exc: BaseException) -> str:
@@ -181,11 +192,15 @@ class ProxyResponse:
 
     async def _attempt(self, url: str) -> _Failure | _Started:
         """Send to ``url``: a failure, or a response ready to pass on."""
-        try:
-            response = await self.gw.sessions[url].post(url + self.call.path, data=self.call.body,
-                                                        headers=self.call.headers)
-        except UPSTREAM_ERRORS as exc:
-            return _Failure(_describe(exc), replica_fault=not self._past_total_timeout())
+        for last_try in (False, True):
+            try:
+                response = await self.gw.sessions[url].post(url + self.call.path, data=self.call.body,
+                                                            headers=self.call.headers)
+                break
+            except UPSTREAM_ERRORS as exc:
+                if not last_try and _stale_connection(exc):
+                    continue  # a pooled connection the replica had already closed: once more, afresh
+                return _Failure(_describe(exc), replica_fault=not self._past_total_timeout())
         whole = not (self.call.stream and response.status == 200
                      and response.content_type == "text/event-stream")
         chunks = response.content.iter_any()

@@ -255,7 +255,8 @@ class CompletionRequest(SamplingFields):
                 raise ValueError("prompt must not be empty")
             if isinstance(v[0], list) and any(not p for p in v):
                 raise ValueError("token-id prompts must not be empty")
-            if isinstance(v[0], int) and any(t < 0 for t in v):
+            ids = v if isinstance(v[0], int) else (t for p in v if isinstance(p, list) for t in p)
+            if any(t < 0 for t in ids):
                 raise ValueError("token ids must be non-negative")
         return v
 

@@ -77,3 +77,39 @@ def test_queue_full_gets_503_then_recovers(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert 'chatfleet:requests_rejected_total{model_name="tiny",status="503"} 1.0' in httpx.get(
         server.url + "/metrics").text
+
+
+def test_a_burst_admits_exactly_max_running_plus_max_waiting():
+    """16 requests at once against --max-running 2 --max-waiting 2: 4 admitted, 12 refused at
+    once with 503 and Retry-After (requests added between two steps count against free slots)."""
+    import asyncio
+
+    from chatfleet.engine.engine import Engine
+
+    config = EngineConfig(model="tiny", num_threads=1, max_model_len=1024, cache=CacheConfig(num_tokens=4096),
+                          scheduler=SchedulerConfig(max_running=2, max_waiting=2))
+    engine = AsyncEngine(Engine(config))
+
+    async def burst(url: str) -> tuple[list[httpx.Response], int]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = [asyncio.create_task(client.post(url, json=body(800, False))) for _ in range(16)]
+            refused: list[httpx.Response] = []
+            for done in asyncio.as_completed(tasks):
+                r = await done
+                refused.append(r)
+                if len(refused) == 12:
+                    break
+            in_engine = await asyncio.to_thread(lambda: stats(srv).num_running + stats(srv).num_waiting)
+            pending = [t for t in tasks if not t.done()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return refused, len(pending), in_engine
+
+    with ServerThread(build_app(engine)) as srv:
+        srv.engine = engine
+        refused, pending, in_engine = asyncio.run(burst(srv.url + "/v1/chat/completions"))
+        assert [r.status_code for r in refused] == [503] * 12
+        assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full" for r in refused)
+        assert pending == 4 and in_engine == 4
+        assert wait_for(lambda: stats(srv).num_running == 0 and stats(srv).kv_usage == 0)
