@@ -99,8 +99,12 @@ def completion_prompt(tokenizer: Any, prompt: str | list[int]) -> CompletionProm
 def _common(req: SamplingFields) -> dict[str, Any]:
     if req.n != 1:
         raise InvalidRequestError("only n=1 is supported", param="n")
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "logit_bias"):
-        if getattr(req, name) is not None:
+    # A neutral value sent explicitly (a client pinning every parameter, as the gate does) is no
+    # request for the feature: only other values are refused.
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
+               "logit_bias": {}}
+    for name, off in neutral.items():
+        if getattr(req, name) not in (None, off):
             raise InvalidRequestError(f"{name} is not supported by this engine", param=name)
     if req.response_format is not None and req.response_format.type != "text":
         raise InvalidRequestError(
