@@ -151,7 +151,7 @@ def _greedy_decision(ctx: SuiteContext, base: list[dict], cand: list[dict], metr
     s = ctx.settings
     pairs = [(b["correct"], c["correct"]) for b, c in zip(base, cand) if "error" not in b and "error" not in c]
     table = PairedTable.from_pairs(pairs)
-    one_sided = tango_interval(table, 1 - 2 * (1 - s.confidence))
+    one_sided = tango_interval(table, round(1 - 2 * (1 - s.confidence), 12))
     metrics.update(table=table.to_dict(), mcnemar_p=mcnemar_exact_p(table), lower_bound=one_sided.low,
                    margin=s.gsm8k_margin, intervals={
                        "tango": tango_interval(table, s.confidence).to_dict(),
@@ -192,7 +192,7 @@ async def _sampled(ctx: SuiteContext, problems: list[Problem], shots: list[Probl
     if invalid or not diffs:
         return SuiteResult(NAME, Verdict.INVALID, invalid or "no question was answered by both", metrics,
                            base, cand, notes=[note])
-    one_sided = bootstrap_mean_interval(diffs, 1 - 2 * (1 - s.confidence), seed=s.seed)
+    one_sided = bootstrap_mean_interval(diffs, round(1 - 2 * (1 - s.confidence), 12), seed=s.seed)
     mean = sum(diffs) / len(diffs)
     metrics.update(mode="sampled", samples=k, mean_difference=mean, lower_bound=one_sided.low,
                    margin=s.gsm8k_margin, intervals={
