@@ -322,3 +322,24 @@ def test_metrics_names(server, client):
     m = metrics(server)
     assert m["vllm:generation_tokens_total"] >= 3 and m["vllm:time_to_first_token_seconds_count"] >= 1
     assert m["vllm:request_queue_time_seconds_count"] >= 1
+
+
+def test_logit_bias_steers_greedy_decoding_and_bad_values_are_400(server, client):
+    tok = server.engine.tokenizer
+    forced = 65
+    r = chat(client, "anything", max_tokens=5, logit_bias={str(forced): 100},
+             extra_body={**FORCE, "repetition_penalty": 1.0}, **GREEDY)
+    assert r.choices[0].message.content == tok.decode([forced] * 5)
+    for body, param in (({"logit_bias": {"999999": 5}}, "logit_bias"), ({"logit_bias": "x"}, "logit_bias"),
+                        ({"repetition_penalty": -1}, "repetition_penalty"), ({"min_p": 2}, "min_p"),
+                        ({"presence_penalty": 9}, "presence_penalty")):
+        bad = _post(server, "/v1/chat/completions", {"messages": MSG, **body})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+
+
+def test_a_penalized_request_runs_beside_plain_ones_without_changing_them(server, client):
+    plain = chat(client, "same prompt", max_tokens=6, extra_body=FORCE, **GREEDY).choices[0].message.content
+    penalized = chat(client, "same prompt", max_tokens=6, frequency_penalty=2.0, presence_penalty=2.0,
+                     extra_body={**FORCE, "repetition_penalty": 1.5, "min_p": 0.1}, **GREEDY)
+    assert penalized.usage.completion_tokens == 6
+    assert chat(client, "same prompt", max_tokens=6, extra_body=FORCE, **GREEDY).choices[0].message.content == plain

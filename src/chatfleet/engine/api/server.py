@@ -37,7 +37,12 @@ from chatfleet.engine.api.responders import (
     completion_stream,
     new_context,
 )
-from chatfleet.engine.api.serving import chat_sampling_params, completion_sampling_params, template_tools
+from chatfleet.engine.api.serving import (
+    chat_sampling_params,
+    check_token_ids,
+    completion_sampling_params,
+    template_tools,
+)
 from chatfleet.engine.config import EngineConfig
 from chatfleet.errors import EngineDeadError, InvalidRequestError, NotFoundError
 from chatfleet.protocol.body_limit import BodyLimitMiddleware
@@ -132,7 +137,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             state.check_model(body.model)
             prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt,
                                                          template_tools(body)))
-            params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
+            params = check_token_ids(chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens),
+                                     tok.vocab_size)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt_ids, params, tenant_of(request).salt(body.cache_salt),
                                         session_id_of(request, body.user), deadline)
@@ -151,7 +157,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
                 raise InvalidRequestError(f"this server takes one prompt per request, got {len(body.prompts)}",
                                           param="prompt")
             prompt = await deadline.run(prompts.completion(body.prompts[0]))
-            params = completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens)
+            params = check_token_ids(
+                completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens), tok.vocab_size)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
             outputs = await state.start(ctx.request_id, prompt.token_ids, params, tenant_of(request).salt(body.cache_salt),
                                         session_id_of(request, body.user), deadline)
