@@ -4,6 +4,10 @@ dense, the text-only load, and vLLM's CPU build on the same folder.
 In one run, on the ``small-gemma4-moe`` model (sliding-window and full-attention layer groups,
 each with its own pool):
 
+- ``memory``: memory-bound capacity in logical time: the engine's scheduler and hybrid KV
+  manager (no model: a step costs nothing, pauses count steps) run long-session chats in a
+  closed loop at several levels, per memory split and slid-out setting; the knee is the most
+  live chats whose prefix-cache hit rate stays above a target (what the pools, not the CPU, allow);
 - ``knee``: chats within the SLO on the long-session profile at one device KV budget, for several
   splits of that budget between the sliding and the full pool (``--sliding-memory-fraction``;
   ``auto``: the spec's default) and with slid-out blocks kept cached or freed
@@ -35,14 +39,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chatfleet.bench.demo import DemoConfig, sweep_series  # noqa: E402
-from chatfleet.bench.report import write_json  # noqa: E402
-from chatfleet.bench.servers import SeriesSpec  # noqa: E402
-from chatfleet.bench.techniques import EngineArgs  # noqa: E402
-from chatfleet.engine.config import CacheConfig, parse_memory_size  # noqa: E402
+from chatfleet.bench.demo import DemoConfig, sweep_series
+from chatfleet.bench.report import write_json
+from chatfleet.bench.servers import SeriesSpec
+from chatfleet.bench.techniques import EngineArgs
+from chatfleet.engine.config import CacheConfig, parse_memory_size
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SECTIONS = ("knee", "tps", "text", "vllm")
+SECTIONS = ("memory", "knee", "tps", "text", "vllm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,9 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", default="long-session")
     p.add_argument("--slo", default="ttft_p95<=3s,itl_p95<=500ms", help="Relaxed for a shared 2-core CPU.")
     p.add_argument("--kv-cache-memory", default="64MiB", help="Device KV budget of every knee series.")
-    p.add_argument("--fractions", default="auto,0.45,0.65", help="Sliding-pool shares to sweep.")
+    p.add_argument("--fractions", default="auto,0.5,0.7,0.85", help="Sliding-pool shares to sweep.")
     p.add_argument("--keep", default="on,off", help="Slid-out blocks kept cached (on) and/or freed (off).")
     p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--sim-kv-cache-memory", default="128MiB", help="KV budget of the logical-time runs.")
+    p.add_argument("--sim-levels", default="4,8,16,32,48", help="Live chats of the logical-time runs.")
+    p.add_argument("--sim-steps", type=int, default=3000)
+    p.add_argument("--hit-target", type=float, default=0.8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--warmup", type=float, default=3.0)
@@ -127,6 +135,119 @@ def knee_section(args: argparse.Namespace, con: Console, run_dir: Path, model_di
                   "-" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}")
     con.print(t)
     return {"budget_bytes": budget, "rows": rows}
+
+
+# ---- memory-bound capacity in logical time (the real scheduler and KV manager, no model) --------
+class _NoModel:
+    """Samples a token per (request, position); the step costs nothing (time counts steps)."""
+
+    def execute(self, out):
+        from chatfleet.engine.outputs import RunnerOutput, SampledToken
+
+        return RunnerOutput(sampled={c.request_id: SampledToken(hash((c.request_id, c.context_length)) % 5000)
+                                     for c in out.chunks if c.sample})
+
+
+def simulate(spec, plan, keep: bool, chats: int, profile, steps: int, seed: int, budget_tokens: int) -> dict:
+    """``chats`` conversations in a closed loop (a finished one is replaced), pauses in steps."""
+    import random
+
+    from chatfleet.engine.config import SchedulerConfig
+    from chatfleet.engine.kv.hybrid import HybridKVManager
+    from chatfleet.engine.request import Request, SamplingParams
+    from chatfleet.engine.scheduler import Scheduler
+
+    kv = HybridKVManager(plan, keep_slid_out_blocks=keep)
+    sched = Scheduler(SchedulerConfig(max_batched_tokens=min(budget_tokens, kv.max_step_tokens()), max_running=chats),
+                      kv, max_model_len=kv.total_tokens)
+    rng = random.Random(seed)
+    runner = _NoModel()
+    cards = [[rng.randrange(5000) for _ in range(profile.card_tokens.sample_int(rng))]
+             for _ in range(profile.num_characters)]
+    state: list[dict] = []
+    counter = 0
+
+    def new_chat() -> dict:
+        nonlocal counter
+        counter += 1
+        card = cards[min(int(rng.paretovariate(max(profile.zipf_s, 0.1))) - 1, len(cards) - 1)]
+        return {"id": counter, "history": list(card), "turns": profile.turns.sample_int(rng), "turn": 0,
+                "wake": 0, "live": None}
+
+    state = [new_chat() for _ in range(chats)]
+    prompt = cached = turns = 0
+    for step in range(steps):
+        for c in state:
+            if c["live"] is None and step >= c["wake"]:
+                user = [rng.randrange(5000) for _ in range(profile.user_tokens.sample_int(rng))]
+                tokens = c["history"] + user
+                if len(tokens) + 20 > min(profile.max_prompt_tokens, kv.total_tokens):
+                    c.update(new_chat())
+                    continue
+                n = profile.reply_tokens.sample_int(rng)
+                r = Request(f"{c['id']}/{c['turn']}", tokens, SamplingParams(max_tokens=n, min_tokens=n,
+                                                                             temperature=0.0, ignore_eos=True))
+                sched.add_request(r)
+                c["live"] = r
+        out = sched.schedule()
+        sched.update(out, runner.execute(out))
+        for c in state:
+            r = c["live"]
+            if r is not None and r.request_id not in sched.requests:
+                prompt += r.num_prompt_tokens
+                cached += max(r.num_cached_tokens, 0)
+                turns += 1
+                c["history"] = r.all_token_ids
+                c["live"], c["turn"] = None, c["turn"] + 1
+                c["wake"] = step + int(profile.think_time_s.sample(rng) * 10)  # 10 steps a second
+                if c["turn"] >= c["turns"]:
+                    c.update(new_chat())
+    return {"turns": turns, "hit_rate": cached / prompt if prompt else None, "preemptions": sched.num_preemptions,
+            "recomputed_tokens_per_turn": (prompt - cached) / turns if turns else None}
+
+
+def memory_section(args: argparse.Namespace, con: Console, model_dir: Path) -> dict:
+    from chatfleet.bench.workload import get_profile
+    from chatfleet.engine.models.gemma4_config import Gemma4Config
+    from chatfleet.errors import ConfigError
+
+    budget = parse_memory_size(args.sim_kv_cache_memory)
+    spec = Gemma4Config.from_hf(json.loads((model_dir / "config.json").read_text())).kv_cache_spec(16)
+    profile = get_profile(args.profile)
+    levels = [int(x) for x in args.sim_levels.split(",")]
+    rows = {}
+    for frac_s in [f.strip() for f in args.fractions.split(",") if f.strip()]:
+        fraction = None if frac_s == "auto" else float(frac_s)
+        plan = CacheConfig(memory_bytes=budget, sliding_memory_fraction=fraction).plan_pools(spec)
+        for keep in (True, False):
+            name = f"split {frac_s}, slid-out {'kept' if keep else 'freed'}"
+            try:
+                points = {n: simulate(spec, plan, keep, n, profile, args.sim_steps, args.seed, args.max_batched_tokens)
+                          for n in levels}
+            except ConfigError as e:
+                rows[name] = {"error": e.message}
+                continue
+            ok = [n for n, p in points.items() if p["hit_rate"] is not None and p["hit_rate"] >= args.hit_target]
+            rows[name] = {"fraction": frac_s, "keep": keep, "points": points, "knee": max(ok) if ok else None,
+                          "pools": {p.group.name: p.num_tokens for p in plan.pools}}
+    t = Table(title=f"memory-bound capacity, logical time ({args.profile}, KV {args.sim_kv_cache_memory}, "
+                    f"knee: hit rate >= {args.hit_target:.0%})")
+    t.add_column("series")
+    t.add_column("pools (tokens)", justify="right")
+    for n in levels:
+        t.add_column(f"{n} chats", justify="right")
+    t.add_column("knee", justify="right")
+    for name, r in rows.items():
+        if "error" in r:
+            t.add_row(name, "-", *(["-"] * len(levels)), r["error"][:40])
+            continue
+        cells = [f"{p['hit_rate']:.0%} / {p['preemptions']}p" if p["hit_rate"] is not None else "-"
+                 for p in r["points"].values()]
+        pools = f"S {r['pools'].get('sliding', 0):,} F {r['pools'].get('full', 0):,}"
+        t.add_row(name, pools, *cells, "-" if r["knee"] is None else str(r["knee"]))
+    con.print(t)
+    con.print("cells: prefix-cache hit rate / preemptions over the run")
+    return {"budget_bytes": budget, "steps": args.sim_steps, "rows": rows}
 
 
 # ---- MoE vs dense decode tokens/s ----------------------------------------------------------------
@@ -258,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RESULTS_DIR / time.strftime("gemma4-%Y%m%d-%H%M%S")
     doc: dict = {"benchmark": "gemma4", "created_unix": time.time(), "argv": sys.argv[1:],
                  "settings": {k: str(v) for k, v in vars(args).items()}}
+    if "memory" in sections:
+        doc["memory"] = memory_section(args, con, model_dir)
     if "text" in sections:
         doc["text_only"] = text_section(args, con)
     if "tps" in sections:

@@ -34,8 +34,12 @@ def mm_folder(tmp_path_factory):
 
 
 def test_transformers_checkpoints_listed_exactly(tmp_path):
-    from transformers import (Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration,
-                              Gemma4TextConfig)
+    from transformers import (
+        Gemma4Config,
+        Gemma4ForCausalLM,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+    )
 
     base = dict(vocab_size=256, hidden_size=32, intermediate_size=48, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, global_head_dim=16, sliding_window=8)

@@ -18,6 +18,7 @@ from chatfleet.bench.report import load_result, result_document, sweep_to_dict, 
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, discover_model, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
+from chatfleet.bench.transport import Endpoint
 from chatfleet.bench.workload import PROFILES, get_profile
 from chatfleet.cli.errors import check_reachable, fail
 from chatfleet.errors import ChatfleetError, ConfigError
@@ -102,6 +103,7 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
                           transport, history, slo, max_requests, level, api_key)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
+        Endpoint.parse(url)  # a clear error for a URL that is not http(s)://HOST:PORT
         check_reachable(url, proto.headers)
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 
@@ -144,6 +146,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
         spec = SweepSpec(start, max_level, growth, resolution, max_points)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
+        Endpoint.parse(url)  # a clear error for a URL that is not http(s)://HOST:PORT
         check_reachable(url, proto.headers)
         client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
 

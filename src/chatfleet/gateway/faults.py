@@ -9,6 +9,8 @@ request, passed on as it is: a 4xx is the client's mistake, and a 500 about one 
 input the replica could not handle) must neither take the replica out of rotation nor be tried
 on every other replica in turn. The gateway checks the health of a replica that answered 500
 soon after (``ReplicaSet.check_soon``), so a replica that is really broken still goes down.
+A reset on a kept-alive connection the replica had already closed (it may close one after an
+error reply) is not a failure either: the proxy sends once more on a fresh connection.
 """
 
 from __future__ import annotations

@@ -26,8 +26,15 @@ import torch
 from safetensors.torch import save_file
 
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import (ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS, _tokenizer_config, _write_json,
-                                   train_tokenizer)
+from chatfleet.models.tiny import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+    _tokenizer_config,
+    _write_json,
+    train_tokenizer,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NAME_RE = re.compile(r"^(tiny|small)-gemma4(-moe)?(-mm)?$")

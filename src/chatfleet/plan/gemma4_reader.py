@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from chatfleet.engine.models.gemma4_config import FULL, SLIDING, Gemma4Config
-from chatfleet.plan.tensors import ModelShape, TensorShape, config_reader, encoder_estimate
+from chatfleet.plan.tensors import (
+    ModelShape,
+    TensorShape,
+    config_reader,
+    encoder_estimate,
+)
 
 
 def _text_tensors(cfg: Gemma4Config, prefix: str) -> list[TensorShape]:

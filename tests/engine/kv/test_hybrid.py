@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from chatfleet.engine.config import SchedulerConfig
 from chatfleet.engine.kv.hybrid import HybridKVManager
-from chatfleet.engine.kv.spec import LayerGroupSpec, PoolPlan, GroupPool
+from chatfleet.engine.kv.spec import GroupPool, LayerGroupSpec, PoolPlan
 from chatfleet.engine.outputs import RunnerOutput, SampledToken, SchedulerOutput
 from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.engine.scheduler import Scheduler

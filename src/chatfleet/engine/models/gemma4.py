@@ -28,7 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
+from chatfleet.engine.models.attention import (
+    AttentionMetadata,
+    KVCache,
+    causal_attention,
+    paged_attention,
+)
 from chatfleet.engine.models.gemma4_config import GROUP_OF_KIND, SLIDING, Gemma4Config
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
 from chatfleet.engine.models.moe import Experts, Router

@@ -21,9 +21,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear
+from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
 from chatfleet.engine.models.gemma4_config import Gemma4Config
 from chatfleet.engine.models.linear import Linear, resolve_kernel_backend
 from chatfleet.engine.models.loader import LoadedModel, resolve_dtype

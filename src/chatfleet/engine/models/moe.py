@@ -74,7 +74,7 @@ class Experts(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden_size, intermediate_size) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor, choice: RouterChoice) -> torch.Tensor:
-        num_tokens, top_k = choice.experts.shape
+        top_k = choice.experts.shape[1]
         flat = choice.experts.reshape(-1)
         order = torch.sort(flat, stable=True).indices  # (token, slot) pairs grouped by expert
         token_of = order // top_k
