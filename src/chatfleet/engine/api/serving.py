@@ -1,7 +1,7 @@
 """OpenAI requests to engine inputs (prompt ids, SamplingParams) and engine outputs to responses.
 
 Pure functions of the tokenizer and the request: no I/O, so the routes in server.py stay thin.
-What the built-in engine does not support (n > 1, penalties, suffix) is refused here with 400.
+What the built-in engine does not support (suffix, best_of, response_format json) is refused here with 400.
 """
 
 from __future__ import annotations
@@ -97,8 +97,6 @@ def completion_prompt(tokenizer: Any, prompt: str | list[int]) -> CompletionProm
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:
-    if req.n != 1:
-        raise InvalidRequestError("only n=1 is supported", param="n")
     if req.response_format is not None and req.response_format.type != "text":
         raise InvalidRequestError(
             f"response_format {req.response_format.type!r} is not supported by this engine (no constrained"
