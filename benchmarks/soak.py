@@ -246,7 +246,7 @@ async def drive(args: argparse.Namespace, url: str, serve_pid: int, users: int) 
 def measure_knee(args: argparse.Namespace, logs: Path) -> float:
     port = free_port()
     engine = ServerProcess("engine", CLI + ["engine", "--model", args.model, "--port", str(port), "--threads", "1",
-                                            "--log-level", "warning", *args.engine_arg], port,
+                                            "--log-level", "warning", "--enable-admin-api", *args.engine_arg], port,
                            env={"OMP_NUM_THREADS": "1"}, log_path=logs / "soak-knee-engine.log")
     out = logs / "soak-knee.json"
     with engine:

@@ -41,3 +41,16 @@ def test_demo_series_share_one_budget(tmp_path):
     assert series["tuned"].args[:2] == ("--kv-cache-tokens", "1024")
     vargs = list(series["vllm"].args)
     assert int(vargs[vargs.index("--kv-cache-memory-bytes") + 1]) == kv_budget_bytes(resolve_model("tiny"), 1024)
+
+
+def test_working_set_is_live_chats_times_their_mean_context():
+    from types import SimpleNamespace as N
+
+    from chatfleet.bench.demo import working_set_tokens
+
+    def r(prompt, out, warmup=False):
+        return N(prompt_tokens=prompt, output_tokens=out, warmup=warmup)
+
+    point = N(level=4, kept=[N(records=[r(100, 10), r(300, 10)]), N(records=[r(5000, 0, warmup=True)])])
+    assert working_set_tokens(point) == 4 * (110 + 310) / 2  # the warmup request is left out
+    assert working_set_tokens(N(level=4, kept=[N(records=[])])) is None

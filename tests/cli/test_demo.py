@@ -27,6 +27,8 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     for name, sw in doc["series"].items():
         assert sw["points"], name
         assert len(sw["knee_spread"]["knees"]) == 2
+        if sw["knee"]:
+            assert doc["settings"]["working_set_tokens_at_knee"][name] > 0
         assert all(len(p["runs"]) == 2 and p["breakdown"]["by_turn"] for p in sw["points"])
         fleet = doc["fleet"][name]
         if sw["knee"]:

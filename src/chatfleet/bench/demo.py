@@ -29,7 +29,7 @@ from chatfleet.bench.report import result_document, sweep_to_dict, write_html, w
 from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, run_async
-from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
+from chatfleet.bench.sweep import Bench, PointResult, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.techniques import TECHNIQUES, EngineArgs, TechniqueSettings, engine_args
 from chatfleet.bench.workload import get_profile
 from chatfleet.errors import ConfigError
@@ -147,8 +147,10 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
             for table in ui.breakdown_tables(shown.breakdown(), f"{n} at {shown.level:g} chats"):
                 con.print(table)
     con.print(ui.fleet_table(fleets, f"fleet for {cfg.peak_chats} peak chats"))
-    _print_knees(sweeps, con)
+    _print_knees(sweeps, con, cfg.kv_cache_tokens)
+    knee_points = {n: next((p for p in s.points if p.level == s.knee), None) for n, s in sweeps.items()}
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+                "working_set_tokens_at_knee": {n: (working_set_tokens(p) if p else None) for n, p in knee_points.items()},
                 "engine_args": {s.name: list(s.args) for s in series}, "model_path": str(path),
                 "kv_budget_bytes": budget, "tuned_techniques": list(tuned.applied),
                 "tuned_techniques_missing": list(tuned.missing)}
@@ -161,11 +163,23 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     return DemoResult(sweeps, fleets, jp, hp, secs)
 
 
-def _print_knees(sweeps: dict[str, SweepResult], con: Console) -> None:
+def working_set_tokens(point: PointResult) -> float | None:
+    """About how many tokens of context the live chats of a closed-loop point hold: live chats x
+    the mean context (prompt + reply) of their requests (shared cards counted per chat)."""
+    recs = [r for run in point.kept for r in run.records if not r.warmup and r.prompt_tokens]
+    if not recs:
+        return None
+    return point.level * sum(r.prompt_tokens + r.output_tokens for r in recs) / len(recs)
+
+
+def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int) -> None:
     for n, s in sweeps.items():
         spread = knee_spread(s.points)
         knee = "none (the lowest load broke the SLO)" if s.knee is None else f"{s.knee:g} chats"
-        con.print(f"{n}: knee {knee}; per repeat {spread.describe()}")
+        shown = next((p for p in s.points if p.level == s.knee), None)
+        ws = working_set_tokens(shown) if shown is not None else None
+        memory = f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool" if ws else ""
+        con.print(f"{n}: knee {knee}; per repeat {spread.describe()}{memory}")
         if s.knee is not None and not s.knee_reached:
             con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "
                       "its knee is at least that (raise --max-points)[/]")

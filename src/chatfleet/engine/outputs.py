@@ -26,6 +26,9 @@ class ScheduledChunk:
     num_output_tokens: int  # output tokens so far (min_tokens masking of EOS/stop ids)
     eos_token_id: int | None = None
     want_prompt_logprobs: bool = False  # runner returns logprobs of the chunk's tokens 1..n
+    # the request's tokens so far, for penalties; only on sampling chunks whose params use them
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] = ()
     # Models with several KV layer groups (kv/hybrid.py): each group's table by name (sliding
     # groups have holes before their window). None: ``block_table`` serves every group.
     group_block_tables: dict[str, list[int]] | None = None

@@ -57,6 +57,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: no logprobs; k>=0: sampled token's logprob plus top-k
     prompt_logprobs: int | None = None  # for echo scoring; disables prefix-cache reuse
+    # Penalties and biases, applied to the logits before temperature (runner/sampler.py):
+    presence_penalty: float = 0.0  # OpenAI: minus this for each token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # HF/vLLM: tokens in prompt or output: logit / p if > 0, else * p
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely (after temperature)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
         def bad(msg: str, param: str) -> None:
@@ -80,10 +86,25 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 bad("stop_token_ids must be non-negative integers", "stop_token_ids")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                bad(f"{name} must be in [-2, 2], got {getattr(self, name)}", name)
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            bad(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}", "repetition_penalty")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        for t, b in self.logit_bias:
+            if not isinstance(t, int) or t < 0 or not -100.0 <= b <= 100.0:
+                bad("logit_bias maps token ids >= 0 to biases in [-100, 100]", "logit_bias")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and not (0 <= v <= MAX_TOP_LOGPROBS):
                 bad(f"{name} must be between 0 and {MAX_TOP_LOGPROBS}, got {v}", name)
+
+    @property
+    def uses_token_history(self) -> bool:
+        """Whether sampling reads the tokens so far (penalties)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

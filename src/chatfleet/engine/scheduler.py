@@ -204,7 +204,16 @@ class Scheduler:
                 params.prompt_logprobs is not None and request.num_output_tokens == 0
             ),
             group_block_tables=self.kv.group_block_ids(request.request_id),
+            **self._token_history(request, sample=end == request.num_tokens),
         )
+
+    @staticmethod
+    def _token_history(request: Request, sample: bool) -> dict[str, tuple[int, ...]]:
+        """Prompt and output tokens for penalties, only where the sampler reads them."""
+        if not (sample and request.sampling_params.uses_token_history):
+            return {}
+        return {"prompt_token_ids": tuple(request.prompt_token_ids),
+                "output_token_ids": tuple(request.output_token_ids)}
 
     # ---- applying results ---------------------------------------------------------------------
     def update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestUpdate]:

@@ -139,6 +139,7 @@ class FakeServer:
         if path not in ("/v1/chat/completions", "/v1/completions") or method != "POST":
             return await _reply(send, 404, json.dumps({"error": {
                 "message": f"no route {method} {path}", "type": "not_found"}}).encode())
+        arrived = time.perf_counter()  # the TTFT clock starts here, not after parsing
         raw = b""
         while True:
             msg = await receive()
@@ -166,7 +167,7 @@ class FakeServer:
         chat = path == "/v1/chat/completions"
         if not body.get("stream"):
             if b.ttft_s:
-                await asyncio.sleep(b.ttft_s)
+                await asyncio.sleep(max(0.0, arrived + b.ttft_s - time.perf_counter()))
             text = "tok " * tokens
             choice = ({"index": 0, "message": {"role": "assistant", "content": text},
                        "finish_reason": "length"} if chat else
@@ -175,7 +176,7 @@ class FakeServer:
                 "id": "fake-1", "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": b.model, "choices": [choice],
                 "usage": self._usage(words, tokens)}).encode())
-        stream = _Stream(self.stats.served, chat, tokens, interval, words, body.get("stream_options") or {})
+        stream = _Stream(self.stats.served, chat, tokens, interval, words, body.get("stream_options") or {}, arrived)
         await self._stream(receive, send, stream)
 
     async def _stream(self, receive: Any, send: Any, stream: _Stream) -> None:
@@ -206,7 +207,7 @@ class FakeServer:
                     "headers": [(b"content-type", b"text/event-stream")]})
         usage = self._usage(s.words, s.tokens)
         per_chunk = max(1, b.tokens_per_chunk)
-        due = time.perf_counter() + b.ttft_s
+        due = s.arrived + b.ttft_s
         sent = 0
         while sent < s.tokens:
             n = min(per_chunk, s.tokens - sent)
@@ -242,6 +243,7 @@ class _Stream:
     interval: float
     words: list[str]
     options: dict[str, Any]
+    arrived: float  # perf_counter() when the request arrived
 
     @property
     def include_usage(self) -> bool:

@@ -231,17 +231,18 @@ BAD_CHAT = [
     ("bad role", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
     ("empty stop", {"messages": MSG, "stop": ""}, "stop"),
     ("stop wrong type", {"messages": MSG, "stop": 7}, "stop"),
-    ("n > 1", {"messages": MSG, "n": 2}, "n"),
     ("top_logprobs without logprobs", {"messages": MSG, "top_logprobs": 2}, None),
     ("too many top_logprobs", {"messages": MSG, "logprobs": True, "top_logprobs": 99}, "top_logprobs"),
     ("stream_options without stream", {"messages": MSG, "stream_options": {"include_usage": True}}, None),
     ("negative temperature", {"messages": MSG, "temperature": -1}, "temperature"),
+    ("n > 1 streamed", {"messages": MSG, "n": 2, "stream": True}, "n"),
     ("prompt too long", {"messages": [{"role": "user", "content": long_text(600, "x")}]}, None),
 ]
 BAD_COMPLETION = [
+    ("two prompts streamed", {"prompt": ["a", "b"], "stream": True}, "prompt"),
+    ("n > 1 streamed", {"prompt": "a", "n": 2, "stream": True}, "n"),
     ("empty prompt", {"prompt": ""}, "prompt"),
     ("token id out of vocab", {"prompt": [1, 2, 10**7]}, "prompt"),
-    ("two prompts", {"prompt": ["a", "b"]}, "prompt"),
     ("negative token id", {"prompt": [1, -2]}, "prompt"),
     ("prompt too long", {"prompt": list(range(3, 3 + MAX_MODEL_LEN)), "max_tokens": 1}, "max_tokens"),
 ]
@@ -322,3 +323,72 @@ def test_metrics_names(server, client):
     m = metrics(server)
     assert m["vllm:generation_tokens_total"] >= 3 and m["vllm:time_to_first_token_seconds_count"] >= 1
     assert m["vllm:request_queue_time_seconds_count"] >= 1
+
+
+def test_logit_bias_steers_greedy_decoding_and_bad_values_are_400(server, client):
+    tok = server.engine.tokenizer
+    forced = 65
+    r = chat(client, "anything", max_tokens=5, logit_bias={str(forced): 100},
+             extra_body={**FORCE, "repetition_penalty": 1.0}, **GREEDY)
+    assert r.choices[0].message.content == tok.decode([forced] * 5)
+    for body, param in (({"logit_bias": {"999999": 5}}, "logit_bias"), ({"logit_bias": "x"}, "logit_bias"),
+                        ({"repetition_penalty": -1}, "repetition_penalty"), ({"min_p": 2}, "min_p"),
+                        ({"presence_penalty": 9}, "presence_penalty")):
+        bad = _post(server, "/v1/chat/completions", {"messages": MSG, **body})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+
+
+def test_a_penalized_request_runs_beside_plain_ones_without_changing_them(server, client):
+    plain = chat(client, "same prompt", max_tokens=6, extra_body=FORCE, **GREEDY).choices[0].message.content
+    penalized = chat(client, "same prompt", max_tokens=6, frequency_penalty=2.0, presence_penalty=2.0,
+                     extra_body={**FORCE, "repetition_penalty": 1.5, "min_p": 0.1}, **GREEDY)
+    assert penalized.usage.completion_tokens == 6
+    assert chat(client, "same prompt", max_tokens=6, extra_body=FORCE, **GREEDY).choices[0].message.content == plain
+
+
+# ------------------------------------------------------------------ several choices
+
+
+def test_batched_prompts_answer_one_choice_each_as_alone(server, client):
+    prompts = ["The first", "A second prompt", "third"]
+    alone = [client.completions.create(model="tiny", prompt=p, max_tokens=4, temperature=0,
+                                       extra_body=FORCE).choices[0].text for p in prompts]
+    r = client.completions.create(model="tiny", prompt=prompts, max_tokens=4, temperature=0, extra_body=FORCE)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == alone
+    ids = [httpx.post(server.url + "/tokenize", json={"prompt": p}).json()["tokens"] for p in prompts]
+    assert r.usage.prompt_tokens == sum(map(len, ids)) and r.usage.completion_tokens == 12
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0, extra_body=FORCE)
+    assert [c.text for c in by_ids.choices] == alone
+
+
+def test_lm_eval_local_completions_loglikelihood_batch(server):
+    """The exact payload lm-eval's local-completions sends for loglikelihood with --batch_size 4."""
+    ids = [httpx.post(server.url + "/tokenize", json={"prompt": p}).json()["tokens"]
+           for p in ("Question: two plus two? Answer: four", "Q: sky colour? A: blue", "x y z", "hello world")]
+    payload = {"model": "tiny", "prompt": ids, "temperature": 0, "max_tokens": 1, "logprobs": 1,
+               "seed": 1234, "echo": True}
+    out = httpx.post(server.url + "/v1/completions", json=payload, timeout=60).json()
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for choice, prompt in zip(choices, ids):
+        lps = choice["logprobs"]
+        assert len(lps["token_logprobs"]) == len(prompt) + 1 and lps["token_logprobs"][0] is None
+        assert all(v <= 0 for v in lps["token_logprobs"][1:])
+        assert all(len(top) >= 1 for top in lps["top_logprobs"][1:])
+        alone = httpx.post(server.url + "/v1/completions", json={**payload, "prompt": prompt}, timeout=60).json()
+        assert alone["choices"][0]["logprobs"]["token_logprobs"][1:-1] == pytest.approx(lps["token_logprobs"][1:-1], abs=1e-4)
+
+
+def test_n_choices_share_the_prompt_through_the_prefix_cache(server, client):
+    prompt = long_text(50, "nshare")
+    before = engine_call(server, lambda e: e.stats().prefix_cache_hits)
+    r = chat(client, prompt, max_tokens=5, n=3, temperature=1.0, seed=11, extra_body=FORCE)
+    hits = engine_call(server, lambda e: e.stats().prefix_cache_hits) - before
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 15
+    full_blocks = (r.usage.prompt_tokens // BLOCK) * BLOCK
+    assert hits >= 2 * min(full_blocks, r.usage.prompt_tokens - 1) - 2 * BLOCK  # choices 1, 2 hit the prompt
+    assert len({c.message.content for c in r.choices}) > 1  # seeds differ per choice
+    again = chat(client, prompt, max_tokens=5, n=3, temperature=1.0, seed=11, extra_body=FORCE)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.auth import Authenticator, Tenant
+from chatfleet.engine.api.fanout import merge_responses, plan_choices, start_choices
 from chatfleet.engine.api.metrics import CONTENT_TYPE
 from chatfleet.engine.api.openapi import ERROR_RESPONSES, install_openapi
 from chatfleet.engine.api.options import ServerOptions
@@ -37,7 +38,12 @@ from chatfleet.engine.api.responders import (
     completion_stream,
     new_context,
 )
-from chatfleet.engine.api.serving import chat_sampling_params, completion_sampling_params, template_tools
+from chatfleet.engine.api.serving import (
+    chat_sampling_params,
+    check_token_ids,
+    completion_sampling_params,
+    template_tools,
+)
 from chatfleet.engine.config import EngineConfig
 from chatfleet.errors import EngineDeadError, InvalidRequestError, NotFoundError
 from chatfleet.protocol.body_limit import BodyLimitMiddleware
@@ -132,10 +138,18 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             state.check_model(body.model)
             prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt,
                                                          template_tools(body)))
-            params = chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens)
+            params = check_token_ids(chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens),
+                                     tok.vocab_size)
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt_ids, params, tenant_of(request).salt(body.cache_salt),
-                                        session_id_of(request, body.user), deadline)
+            salt, session = tenant_of(request).salt(body.cache_salt), session_id_of(request, body.user)
+            if body.n > 1:
+                if body.stream:
+                    raise InvalidRequestError("n > 1 is served without streaming; set stream to false", param="n")
+                choices = plan_choices([(prompt_ids, params)], body.n)
+                all_outputs = await start_choices(state, ctx.request_id, choices, salt, session, deadline)
+                responses = await asyncio.gather(*(chat_response(ctx, body, o) for o in all_outputs))
+                return JSONResponse(merge_responses(list(responses), choices).model_dump())
+            outputs = await state.start(ctx.request_id, prompt_ids, params, salt, session, deadline)
             if body.stream:
                 return SSEResponse(chat_stream(ctx, body, outputs), outputs)
             return JSONResponse((await chat_response(ctx, body, outputs)).model_dump())
@@ -147,17 +161,26 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         async def handle() -> Response:
             deadline = Deadline(options.request_timeout_s)
             state.check_model(body.model)
-            if len(body.prompts) != 1:
-                raise InvalidRequestError(f"this server takes one prompt per request, got {len(body.prompts)}",
-                                          param="prompt")
-            prompt = await deadline.run(prompts.completion(body.prompts[0]))
-            params = completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens)
+            salt, session = tenant_of(request).salt(body.cache_salt), session_id_of(request, body.user)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
-            outputs = await state.start(ctx.request_id, prompt.token_ids, params, tenant_of(request).salt(body.cache_salt),
-                                        session_id_of(request, body.user), deadline)
+            if len(body.prompts) == 1 and body.n == 1:
+                prompt = await deadline.run(prompts.completion(body.prompts[0]))
+                params = check_token_ids(
+                    completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens), tok.vocab_size)
+                outputs = await state.start(ctx.request_id, prompt.token_ids, params, salt, session, deadline)
+                if body.stream:
+                    return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
+                return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())
             if body.stream:
-                return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
-            return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())
+                raise InvalidRequestError("several prompts or n > 1 are served without streaming; set stream to"
+                                          " false", param="prompt" if len(body.prompts) > 1 else "n")
+            built = await deadline.run(asyncio.gather(*(prompts.completion(p) for p in body.prompts)))
+            choices = plan_choices([(p.token_ids, check_token_ids(completion_sampling_params(
+                body, len(p.token_ids), engine.max_request_tokens), tok.vocab_size)) for p in built], body.n)
+            all_outputs = await start_choices(state, ctx.request_id, choices, salt, session, deadline)
+            responses = await asyncio.gather(*(completion_response(ctx, body, built[c.prompt_index], o)
+                                               for c, o in zip(choices, all_outputs)))
+            return JSONResponse(merge_responses(list(responses), choices).model_dump())
 
         return await cancel_on_disconnect(request, handle())
 

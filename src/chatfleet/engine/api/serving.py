@@ -1,7 +1,7 @@
 """OpenAI requests to engine inputs (prompt ids, SamplingParams) and engine outputs to responses.
 
 Pure functions of the tokenizer and the request: no I/O, so the routes in server.py stay thin.
-What the built-in engine does not support (n > 1, penalties, suffix) is refused here with 400.
+What the built-in engine does not support (suffix, best_of, response_format json) is refused here with 400.
 """
 
 from __future__ import annotations
@@ -97,19 +97,16 @@ def completion_prompt(tokenizer: Any, prompt: str | list[int]) -> CompletionProm
 
 
 def _common(req: SamplingFields) -> dict[str, Any]:
-    if req.n != 1:
-        raise InvalidRequestError("only n=1 is supported", param="n")
-    # A neutral value sent explicitly (a client pinning every parameter, as the gate does) is no
-    # request for the feature: only other values are refused.
-    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-               "logit_bias": {}}
-    for name, off in neutral.items():
-        if getattr(req, name) not in (None, off):
-            raise InvalidRequestError(f"{name} is not supported by this engine", param=name)
     if req.response_format is not None and req.response_format.type != "text":
         raise InvalidRequestError(
-            f"response_format {req.response_format.type!r} is not supported by this engine", param="response_format")
+            f"response_format {req.response_format.type!r} is not supported by this engine (no constrained"
+            " decoding yet); leave it out or use 'text'", param="response_format")
     return dict(
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        min_p=req.min_p or 0.0,
+        logit_bias=tuple(sorted(req.logit_bias_ids.items())),
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=0 if req.top_k is None else req.top_k,
@@ -120,6 +117,15 @@ def _common(req: SamplingFields) -> dict[str, Any]:
         stop_token_ids=tuple(req.stop_token_ids or ()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )
+
+
+def check_token_ids(params: SamplingParams, vocab_size: int) -> SamplingParams:
+    """Refuse logit_bias entries for tokens this model does not have."""
+    bad = [t for t, _ in params.logit_bias if t >= vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab_size - 1})", param="logit_bias")
+    return params
 
 
 def _default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:

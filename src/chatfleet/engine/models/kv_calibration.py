@@ -9,12 +9,15 @@ is written to an FP8 cache, and freezes the result.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from chatfleet.engine.models.kv_scales import KVScales
 from chatfleet.engine.models.qwen3 import Qwen3ForCausalLM
+
+log = logging.getLogger(__name__)
 
 
 def measure_kv_scales(model: Qwen3ForCausalLM, prompts: Sequence[Sequence[int]], limit: int,
@@ -45,4 +48,8 @@ def measure_kv_scales(model: Qwen3ForCausalLM, prompts: Sequence[Sequence[int]],
     finally:
         for layer in model.layers:
             layer.self_attn.kv_observer = None
+    unseen = [i for i, a in enumerate(k_amax) if a == 0.0]
+    if unseen and left < limit:
+        log.warning("FP8 KV cache: layers %s showed no keys while measuring scales (their attention"
+                    " reports none, or they reuse another layer's KV); their scales stay 1.0", unseen)
     return KVScales.from_amax(k_amax, v_amax)

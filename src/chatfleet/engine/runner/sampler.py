@@ -1,4 +1,10 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, penalties, logit bias, seeds, logprobs.
+
+Order, as vLLM's sampler: logit bias, then penalties (repetition as HF/vLLM: a token seen in the
+prompt or output has its logit divided by p when positive, multiplied when not; frequency and
+presence as OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``),
+then greedy argmax or temperature, min-p (drop tokens below ``min_p`` times the top probability),
+top-k and top-p. All of it vectorized over the batch rows that ask for it.
 
 Each sampled row draws its randomness from its own ``torch.Generator`` when it has one
 (Gumbel-max: ``argmax(logits + Gumbel noise)`` is a draw from ``softmax(logits)``), so a seeded
@@ -26,6 +32,8 @@ class SamplingRow:
     num_output_tokens: int = 0
     eos_token_id: int | None = None
     generator: torch.Generator | None = None  # None: the sampler's shared generator
+    prompt_token_ids: Sequence[int] = ()  # for the repetition penalty
+    output_token_ids: Sequence[int] = ()  # for all penalties
 
 
 def top_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], ks: Sequence[int]) -> list[TokenLogprob]:
@@ -74,6 +82,60 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     return logits.scatter_(1, order, sorted_logits)
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """Add each row's ``logit_bias`` to its logits (in place)."""
+    r_idx, t_idx, bias = [], [], []
+    vocab = logits.shape[1]
+    for i, r in enumerate(rows):
+        for t, b in r.params.logit_bias:
+            if t < vocab:
+                r_idx.append(i)
+                t_idx.append(t)
+                bias.append(b)
+    if r_idx:
+        dev = logits.device
+        logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
+                          torch.tensor(bias, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+def _token_counts(seqs: list[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(seqs), vocab] float counts of each token in each sequence."""
+    counts = torch.zeros(len(seqs), vocab, device=device)
+    rows = [i for i, seq in enumerate(seqs) for _ in seq]
+    if rows:
+        toks = torch.tensor([t for seq in seqs for t in seq], dtype=torch.long, device=device)
+        keep = toks < vocab
+        counts.index_put_((torch.tensor(rows, device=device)[keep], toks[keep]),
+                          torch.ones(int(keep.sum()), device=device), accumulate=True)
+    return counts
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """Repetition, frequency and presence penalties, in place, on the rows that use them."""
+    idx = [i for i, r in enumerate(rows) if r.params.uses_token_history]
+    if not idx:
+        return
+    dev, vocab = logits.device, logits.shape[1]
+    sel = [rows[i] for i in idx]
+    index = torch.tensor(idx, device=dev)
+    sub = logits[index]
+    out_counts = _token_counts([r.output_token_ids for r in sel], vocab, dev).to(sub.dtype)
+    seen = (_token_counts([r.prompt_token_ids for r in sel], vocab, dev) > 0) | (out_counts > 0)
+    rep = torch.tensor([r.params.repetition_penalty for r in sel], dtype=sub.dtype, device=dev).unsqueeze(1)
+    sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    freq = torch.tensor([r.params.frequency_penalty for r in sel], dtype=sub.dtype, device=dev).unsqueeze(1)
+    pres = torch.tensor([r.params.presence_penalty for r in sel], dtype=sub.dtype, device=dev).unsqueeze(1)
+    sub = sub - freq * out_counts - pres * (out_counts > 0).to(sub.dtype)
+    logits[index] = sub
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Mask (in place) tokens whose probability is below ``min_p`` times the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    logits.masked_fill_(probs < threshold, float("-inf"))
+
+
 class Sampler:
     """Samples one token per logits row; ``stop_token_ids`` are the model's end-of-turn tokens."""
 
@@ -101,6 +163,9 @@ class Sampler:
         device = logits.device
         want_lp = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_logprobs = logits[want_lp].log_softmax(dim=-1) if want_lp else None
+
+        apply_logit_bias(logits, rows)
+        apply_penalties(logits, rows)
 
         mask_rows: list[int] = []
         mask_cols: list[int] = []
@@ -135,6 +200,9 @@ class Sampler:
         sub = logits[torch.tensor(index, device=device)]
         temps = torch.tensor([r.params.temperature for r in rows], dtype=sub.dtype, device=device)
         sub.div_(temps.unsqueeze(1))
+        if any(r.params.min_p > 0 for r in rows):
+            min_p = torch.tensor([r.params.min_p for r in rows], dtype=sub.dtype, device=device)
+            apply_min_p(sub, min_p)
         vocab = sub.shape[1]
         use_k = any(0 < r.params.top_k < vocab for r in rows)
         use_p = any(r.params.top_p < 1.0 for r in rows)

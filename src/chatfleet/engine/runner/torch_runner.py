@@ -238,7 +238,8 @@ class TorchRunner:
             if sample_chunks:
                 sample_logits = logits[torch.tensor(sample_rows, device=self.device)]
                 sampling_rows = [
-                    SamplingRow(c.sampling_params, c.num_output_tokens, c.eos_token_id, self._generator(c))
+                    SamplingRow(c.sampling_params, c.num_output_tokens, c.eos_token_id, self._generator(c),
+                                c.prompt_token_ids, c.output_token_ids)
                     for c in sample_chunks
                 ]
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
