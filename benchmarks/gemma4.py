@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tps-tokens", type=int, default=24)
     p.add_argument("--tps-repeats", type=int, default=2)
     p.add_argument("--vllm-python", type=Path, default=None)
+    p.add_argument("--vllm-max-model-len", type=int, default=2048,
+                   help="vLLM sizes its pool for one request of this length (it refuses the budget otherwise).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
@@ -346,7 +348,8 @@ def vllm_section(args: argparse.Namespace, con: Console, run_dir: Path, model_di
     budget = parse_memory_size(args.kv_cache_memory)
     pools = split_plan(model_dir, budget, None)
     try:
-        spec = SeriesSpec.vllm("vllm", model_dir, budget, pools["full"]["tokens"], args.threads, args.vllm_python)
+        max_len = min(args.vllm_max_model_len, pools["full"]["tokens"])
+        spec = SeriesSpec.vllm("vllm", model_dir, budget, max_len + 128, args.threads, args.vllm_python)
     except Exception as e:
         con.print(f"vLLM: not run ({e})")
         return {"served": False, "reason": str(e)}

@@ -93,8 +93,9 @@ def test_two_step_hit_rule():
         assert kv.match_prefix(c).num_tokens == 40
         got = _compute(kv, c, 3, kv.match_prefix(c))
         assert got.num_hit_blocks == 10
-        tables = kv.group_block_ids("c")
-        assert tables["sliding"][:8] == [0] * 8 and 0 not in tables["full"][:10] or True
+        sliding = kv._requests["c"][1].blocks  # the window before position 40: blocks 8 and 9 only
+        assert sliding[:8] == [None] * 8 and None not in sliding[8:]
+        assert None not in kv._requests["c"][0].blocks
         kv.check_integrity()
 
 
