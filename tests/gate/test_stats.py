@@ -5,7 +5,6 @@ whose answer is known."""
 
 import math
 from fractions import Fraction
-from itertools import product
 from statistics import NormalDist
 
 import pytest

@@ -35,8 +35,8 @@ from chatfleet.engine.models.attention import (
     paged_attention,
 )
 from chatfleet.engine.models.gemma4_config import GROUP_OF_KIND, SLIDING, Gemma4Config
-from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
-from chatfleet.engine.models.moe import Experts, Router
+from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
+from chatfleet.engine.models.moe import Experts, GatedMLP, Router
 
 SharedKV = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -120,24 +120,12 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.q_size))
 
 
-class Gemma4MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh").mul_(up))
-
-
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: Gemma4Config, layer: int) -> None:
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.self_attn = Gemma4Attention(cfg, layer)
-        self.mlp = Gemma4MLP(h, cfg.mlp_intermediate_size(layer))
+        self.mlp = GatedMLP(h, cfg.mlp_intermediate_size(layer))
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)
@@ -194,17 +182,7 @@ class Gemma4ForCausalLM(nn.Module):
 
     def use_kernels(self, kernels: str) -> None:
         """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
-        if kernels not in ("onednn", "torch"):
-            raise ValueError(f"kernels must be 'onednn' or 'torch', got {kernels!r}")
-        if self.kernels == "onednn" and kernels != "onednn":
-            raise ValueError("linears already packed for oneDNN cannot go back to torch")
-        if kernels == "onednn":
-            for module in self.modules():
-                if isinstance(module, Linear):
-                    module.pack()
-        for layer in self.layers:
-            layer.self_attn.kernels = kernels
-        self.kernels = kernels
+        self.kernels = switch_kernels(self, (layer.self_attn for layer in self.layers), self.kernels, kernels)
 
     def init_rotary(self) -> None:
         """RoPE inverse frequencies per layer type, on the parameters' device."""

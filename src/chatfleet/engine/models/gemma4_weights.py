@@ -12,7 +12,6 @@ name, and only their sizes (from the file header) are summed into ``WeightLoadRe
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from chatfleet.engine.models.fp8_linear import FP8Linear
 from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
 from chatfleet.engine.models.gemma4_config import Gemma4Config
 from chatfleet.engine.models.linear import Linear, resolve_kernel_backend
-from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
+from chatfleet.engine.models.loader import LoadedModel, resolve_dtype, weight_files
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import ConfigError
 
@@ -51,21 +50,6 @@ class WeightLoadReport:
         return (f"weights: {self.loaded_bytes / 2**20:.1f} MiB read; language model only: "
                 f"{self.skipped_tensors} tensors ({self.skipped_bytes / 2**20:.1f} MiB) of "
                 f"{', '.join(self.skipped_prefixes)} not read")
-
-
-def weight_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        with index.open(encoding="utf-8") as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        return [folder / n for n in names]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{str(folder)!r} has no .safetensors weights")
-    return files
 
 
 def _tower_prefix(name: str) -> str:

@@ -12,6 +12,8 @@ attention products, CPU only), ``torch`` (``F.linear`` and ``F.scaled_dot_produc
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,3 +75,19 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, packed={self.packed is not None}")
+
+
+def switch_kernels(model: nn.Module, attention: Iterable[nn.Module], current: str, kernels: str) -> str:
+    """Move ``model`` to a resolved kernel backend and return it: ``onednn`` packs every linear
+    (once, for good) and each attention module gets the backend for its prefill path."""
+    if kernels not in ("onednn", "torch"):
+        raise ValueError(f"kernels must be 'onednn' or 'torch', got {kernels!r}")
+    if current == "onednn" and kernels != "onednn":
+        raise ValueError("linears already packed for oneDNN cannot go back to torch")
+    if kernels == "onednn":
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.pack()
+    for attn in attention:
+        attn.kernels = kernels
+    return kernels

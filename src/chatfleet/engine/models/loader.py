@@ -90,7 +90,8 @@ def read_config(path: str | os.PathLike) -> Qwen3Config:
     return Qwen3Config.from_hf(read_hf_config(path))
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
+    """A folder's safetensors files: those its index names, else model.safetensors, else all."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         with index.open(encoding="utf-8") as f:
@@ -139,7 +140,7 @@ def load_weights(model: Qwen3ForCausalLM, folder: Path, fmt: FP8WeightFormat | N
     kv_scales: dict[tuple[int, str], float] = {}
     fp8_weights: dict[tuple[str, int | None], torch.Tensor] = {}  # (our weight name, part) -> e4m3
     fp8_scales: dict[tuple[str, int | None], torch.Tensor] = {}
-    for file in _weight_files(folder):
+    for file in weight_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for hf_name in f.keys():
                 if _IGNORED_RE.search(hf_name):

@@ -53,8 +53,8 @@ class Router(nn.Module):
         return RouterChoice(experts, weights * self.per_expert_scale[experts])
 
 
-class Expert(nn.Module):
-    """One gated feed-forward expert: ``down(act(gate) * up)``."""
+class GatedMLP(nn.Module):
+    """A gated feed-forward block, ``down(gelu_tanh(gate) * up)``: one expert, or Gemma 4's dense MLP."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -71,7 +71,7 @@ class Experts(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int) -> None:
         super().__init__()
         self.num_experts = num_experts
-        self.experts = nn.ModuleList(Expert(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.experts = nn.ModuleList(GatedMLP(hidden_size, intermediate_size) for _ in range(num_experts))
 
     def forward(self, x: torch.Tensor, choice: RouterChoice) -> torch.Tensor:
         top_k = choice.experts.shape[1]

@@ -21,7 +21,7 @@ from torch import nn
 from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
-from chatfleet.engine.models.linear import Linear, onednn_matmul_nt
+from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -203,17 +203,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     def use_kernels(self, kernels: str) -> None:
         """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
-        if kernels not in ("onednn", "torch"):
-            raise ValueError(f"kernels must be 'onednn' or 'torch', got {kernels!r}")
-        if self.kernels == "onednn" and kernels != "onednn":
-            raise ValueError("linears already packed for oneDNN cannot go back to torch")
-        if kernels == "onednn":
-            for module in self.modules():
-                if isinstance(module, Linear):
-                    module.pack()
-        for layer in self.layers:
-            layer.self_attn.kernels = kernels
-        self.kernels = kernels
+        self.kernels = switch_kernels(self, (layer.self_attn for layer in self.layers), self.kernels, kernels)
 
     def init_rotary(self) -> None:
         """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""
