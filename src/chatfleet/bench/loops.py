@@ -179,6 +179,19 @@ class _Run:
         await asyncio.gather(*(self.slot_loop(i, starts[i], think) for i in range(n)))
 
 
+async def settle_run(main: asyncio.Task, done: set[asyncio.Task], records: list[RequestRecord]) -> None:
+    """End a load run that had until its drain deadline: re-raise its error if it finished;
+    otherwise cancel it and mark every request still in flight as timed out (none goes silent)."""
+    if main in done:
+        main.result()
+        return
+    main.cancel()
+    await asyncio.gather(main, return_exceptions=True)
+    for r in records:
+        if r.status == "ok" and r.end_s is None:
+            r.status, r.error = "timeout", "still in flight when the run's drain timeout ended"
+
+
 async def run_load(workload: Workload, transport: Transport, cfg: ClientConfig, spec: LoadSpec, seed: int,
                    on_record: Callable[[RequestRecord], None] | None = None) -> LoadResult:
     """Drive one load point; returns every record (warmup ones marked)."""
@@ -197,12 +210,5 @@ async def run_load(workload: Workload, transport: Transport, cfg: ClientConfig, 
     finally:
         if gc_was_on:
             gc.enable()
-    if not done:
-        main.cancel()
-        await asyncio.gather(main, return_exceptions=True)
-        for r in run.records:
-            if r.status == "ok" and r.end_s is None:
-                r.status, r.error = "timeout", "still in flight when the run's drain timeout ended"
-    else:
-        main.result()
+    await settle_run(main, done, run.records)
     return LoadResult(spec, seed, run.t0, started, spec.duration_s, run.records, run.next_conv)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chatfleet.bench.loops import LoadResult, LoadSpec
+from chatfleet.bench.loops import LoadResult, LoadSpec, settle_run
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_PROMPT
 from chatfleet.bench.workload import Conversation, Workload
@@ -183,12 +183,5 @@ async def run_sim_load(workload: Workload, target: Target, spec: LoadSpec, seed:
     main = asyncio.create_task(run.run())
     deadline = run.end - clock() + spec.drain_timeout_s
     done, _ = await asyncio.wait({main}, timeout=max(deadline, 0.0))
-    if not done:
-        main.cancel()
-        await asyncio.gather(main, return_exceptions=True)
-        for r in run.records:
-            if r.status == "ok" and r.end_s is None:
-                r.status, r.error = "timeout", "still in flight when the run's drain timeout ended"
-    else:
-        main.result()
+    await settle_run(main, done, run.records)
     return LoadResult(spec, seed, 0, 0.0, spec.duration_s, run.records, run.next_conv)
