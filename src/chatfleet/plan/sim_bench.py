@@ -47,6 +47,15 @@ def _no_reset() -> ResetCheck:
     return ResetCheck("simulated", "skipped", None, None, "a fresh simulated replica per run")
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What one simulated run starts from."""
+
+    seed: int
+    load: LoadSpec
+    workload: Workload
+
+
 class SimBench(Bench):
     """``Bench`` whose runs are simulated: one fresh replica per run (an empty cache, as the
     measured protocol's verified reset gives)."""
@@ -61,12 +70,18 @@ class SimBench(Bench):
     async def close(self) -> None:
         return None
 
-    async def run_once(self, level: float, repeat: int) -> RunRecord:
+    def _start_run(self, level: float, repeat: int) -> RunStart:
+        """A run's own seed (new every run, as a measured sweep's), its load and its workload."""
         seed = self.p.base_seed + 1000 * self.runs_done + 1
         self.runs_done += 1
         load = replace(self.p.load, level=level)
         workload = self.make_workload(seed)
         self.obs.run_started(level, repeat, seed, load)
+        return RunStart(seed, load, workload)
+
+    async def run_once(self, level: float, repeat: int) -> RunRecord:
+        start = self._start_run(level, repeat)
+        seed, load, workload = start.seed, start.load, start.workload
         replica = self.replica.build("replica-0", self.clock)
         loop_task = asyncio.create_task(replica.run())
 

@@ -11,7 +11,7 @@ import asyncio
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.stats import summarize
@@ -53,11 +53,8 @@ class FleetBench(SimBench):
         self.fleet_stats: dict[float, FleetStats] = {}
 
     async def run_once(self, level: float, repeat: int) -> RunRecord:
-        seed = self.p.base_seed + 1000 * self.runs_done + 1
-        self.runs_done += 1
-        load = replace(self.p.load, level=level)
-        workload = self.make_workload(seed)
-        self.obs.run_started(level, repeat, seed, load)
+        start = self._start_run(level, repeat)
+        seed, load, workload = start.seed, start.load, start.workload
         names = [f"replica-{i}" for i in range(self.num_replicas)]
         replicas = {n: self.replica.build(n, self.clock) for n in names}
         tasks = [asyncio.create_task(r.run()) for r in replicas.values()]
