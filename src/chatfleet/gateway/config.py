@@ -14,14 +14,13 @@ A profile is a YAML file with up to three sections; every key is optional::
     engine:             # `chatfleet serve` only: extra `chatfleet engine` flags
       kv_cache_tokens: 8192
 
-Caps can also come from a `chatfleet sweep` result: its knee (the number of in-flight requests,
-i.e. live chats, one replica holds inside the SLO); see ``read_knee``.
+Caps can also come from a `chatfleet sweep` result: its knee in requests in flight (a knee in
+live chats is converted by Little's law); see ``knee.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from chatfleet.errors import ConfigError
+from chatfleet.gateway.knee import KneeCap, knee_cap, read_knee  # noqa: F401 - re-exported
 
 
 def normalize_url(url: str) -> str:
@@ -219,46 +219,3 @@ def load_profile(path: str | Path) -> Profile:
         sections[name] = section
     return Profile(**sections)
 
-
-KNEE_KEYS = ("concurrency", "in_flight", "live_chats", "value")
-
-
-def _knee_number(knee: Any) -> float | None:
-    if isinstance(knee, dict):
-        knee = next((knee[k] for k in KNEE_KEYS if isinstance(knee.get(k), (int, float))), None)
-    if isinstance(knee, bool) or not isinstance(knee, (int, float)) or not math.isfinite(knee):
-        return None
-    return float(knee)
-
-
-def read_knee(path: str | Path, series: str | None = None) -> int:
-    """The per-replica cap from a `chatfleet sweep` (or `demo`) result: its knee, rounded down.
-
-    Read from a top-level ``knee`` (a number of in-flight requests, i.e. live chats; or a
-    mapping holding one under ``concurrency``, ``in_flight``, ``live_chats`` or ``value``), else
-    from ``series[NAME].knee`` as `chatfleet sweep` writes it: the only series, or ``series``.
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read sweep result {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"sweep result {path} is not a JSON object")
-    knee = _knee_number(data.get("knee")) if series is None else None
-    all_series = data.get("series") if isinstance(data.get("series"), dict) else {}
-    if knee is None and all_series:
-        if series is None and len(all_series) > 1:
-            found = {name: (s or {}).get("knee") for name, s in all_series.items()}
-            raise ConfigError(f"sweep result {path} holds several series {found}; choose one")
-        name = series if series is not None else next(iter(all_series))
-        if name not in all_series:
-            raise ConfigError(f"sweep result {path} has no series {name!r}; it has {sorted(all_series)}")
-        knee = _knee_number((all_series[name] or {}).get("knee"))
-    if knee is None:
-        raise ConfigError(f"sweep result {path} has no numeric knee (did the lowest load already "
-                          "break the SLO?)")
-    cap = int(knee)
-    if cap < 1:
-        raise ConfigError(f"sweep result {path}: knee {knee:g} gives no usable cap (need >= 1)")
-    return cap
