@@ -82,6 +82,15 @@ def breakdown(config: dict, p: Precision, budget: int) -> MemoryBreakdown | str:
         return e.message
 
 
+def point_summary(p) -> dict:
+    """One sweep point: pass/fail, each interval's mean (goodput, hit rate, SLO values) and the
+    requests that finished ok out of all measured ones."""
+    runs = p.kept
+    return {"level": p.level, "passed": p.passed,
+            **{k: round(v.mean, 4) for k, v in p.intervals.items()},
+            "ok": sum(r.summary.ok for r in runs), "requests": sum(r.summary.requests for r in runs)}
+
+
 def measure(series: SeriesSpec, args, log_dir: Path) -> dict:
     """Output tok/s at each stream count, then the knee on the long-session profile."""
     slo = parse_slo(args.slo)
@@ -109,8 +118,9 @@ def measure(series: SeriesSpec, args, log_dir: Path) -> dict:
                 result = await sweep(bench, SweepSpec(args.knee_start, args.knee_max, 2.0, 1.0, args.knee_points))
                 out["knee"] = result.knee
                 out["knee_reached"] = result.knee_reached
-                out["points"] = [{"level": p.level, "passed": p.passed,
-                                  "goodput": p.intervals["goodput"].mean} for p in result.points]
+                out["points"] = [point_summary(p) for p in result.points]
+                for p in out["points"]:
+                    print(f"    {p}", flush=True)
                 print(f"  {series.name}: knee {result.knee} chats"
                       f"{'' if result.knee_reached else ' (sweep ceiling)'}", flush=True)
             finally:

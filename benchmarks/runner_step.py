@@ -1,6 +1,7 @@
 """TorchRunner alone: prefill tokens/s and decode step time by batch size (no scheduler, no HTTP).
 
     python benchmarks/runner_step.py --model small --batch 1 8 32 --context 500 --threads 2
+    python benchmarks/runner_step.py --dtype bfloat16 --kv-cache-dtype fp8 --quantization fp8
 
 Prints a table and writes JSON to benchmarks/results/. CPU time (process) is printed next to
 wall time: on a shared machine it shows the runner's own cost.
@@ -64,7 +65,9 @@ def measure(runner: TorchRunner, batch: int, context: int, steps: int, params: S
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="float32", help="the model's (and activations') dtype")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype), bfloat16, float32, fp8")
+    ap.add_argument("--quantization", default=None, choices=["fp8"], help="quantize the linears at load")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--context", type=int, default=500)
     ap.add_argument("--steps", type=int, default=32)
@@ -74,14 +77,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(resolve_model(args.model), dtype=args.dtype)
+    loaded = load_model(resolve_model(args.model), dtype=args.dtype, quantization=args.quantization)
     blocks = max(args.batch) * (-(-(args.context + args.steps + 1) // BLOCK))
-    runner = TorchRunner(loaded, blocks, BLOCK)
+    runner = TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype)
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
     rows = [measure(runner, b, args.context, args.steps, params, loaded.config.vocab_size) for b in args.batch]
 
-    table = Table(title=f"TorchRunner, {args.model} {args.dtype}, {torch.get_num_threads()} threads, "
+    precision = f"{args.dtype}, KV {args.kv_cache_dtype}" + (f", {args.quantization} weights" if args.quantization else "")
+    table = Table(title=f"TorchRunner, {args.model} {precision}, {torch.get_num_threads()} threads, "
                         f"load {os.getloadavg()[0]:.1f}")
     for col in ("batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"):
         table.add_column(col, justify="right")

@@ -49,6 +49,23 @@ def test_block_quantization_handles_partial_tiles_exactly():
     assert (dequantize_weight(q, s, fmt, torch.float32) - w).abs().max() < 0.07 * w.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantized_weight_rounds_like_torch_with_any_scale(dtype):
+    """Placed bits times folded scales: one rounding of ``fp8 * scale`` (PyTorch's conversion),
+    also where a scale of 2**8 or more cannot fold the placement's power of two in."""
+    torch.manual_seed(1)
+    fmt = FP8WeightFormat()
+    q, s = quantize_weight(torch.randn(300, 200), fmt)
+    s[0, 1], s[2, 0] = 300.0, 2.0**-30  # a huge and a tiny tile scale beside ordinary ones
+    expanded = s.to(dtype).float().repeat_interleave(128, 0)[:300].repeat_interleave(128, 1)[:, :200]
+    assert torch.equal(dequantize_weight(q, s, fmt, dtype), (q.float() * expanded).to(dtype))
+    layer = FP8Linear(200, [300], fmt, dtype=dtype)
+    layer.set_part(0, q, s)
+    assert torch.equal(layer.dequantized(dtype), (q.float() * expanded).to(dtype))
+    layer.set_part(0, q, s * 2)  # a new scale is seen (the folded copy follows the buffer's version)
+    assert torch.equal(layer.dequantized(dtype), (q.float() * expanded * 2).to(dtype))
+
+
 def _dequantized_copy(fp8_folder, dst):
     """The FP8 checkpoint's weights dequantized to float32, as a plain checkpoint."""
     shutil.copytree(fp8_folder, dst)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
+from chatfleet.engine.models.fp8_cast import fp8_dequantize
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
 DECODE_PAD_LIMIT = 2048  # padded tokens a group may carry (a group costs about 1,000 tokens' work)
@@ -106,11 +106,11 @@ def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], 
     return groups
 
 
-def _dequantized(raw: torch.Tensor, dtype: torch.dtype, workspace: Workspace | None, name: str) -> torch.Tensor:
-    """FP8 cache rows in ``dtype`` divided by ``FP8_DOWN`` (the caller applies that and the
-    layer's scale once, to the scores or the output)."""
+def _dequantized(raw: torch.Tensor, scale: float, dtype: torch.dtype, workspace: Workspace | None,
+                 name: str) -> torch.Tensor:
+    """FP8 cache rows times the layer's ``scale``, in ``dtype``."""
     out = workspace.get(name, tuple(raw.shape), dtype, raw.device) if workspace is not None else None
-    return fp8_to_down(raw, dtype, out)
+    return fp8_dequantize(raw, scale, dtype, out)
 
 
 def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
@@ -121,9 +121,8 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     group = num_heads // num_kv_heads
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
-    if k.dtype != q.dtype:  # an FP8 cache: its K scale folds into the score scale
-        k = _dequantized(k, q.dtype, workspace, "k_dq")
-        scale = scale * k_scale * FP8_DOWN
+    if k.dtype != q.dtype:  # an FP8 cache
+        k = _dequantized(k, k_scale, q.dtype, workspace, "k_dq")
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = g.bias(num_kv_heads)
@@ -143,8 +142,8 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
                                         per_sample_weights=weights).view(d, group, head_dim)
         return out.view(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
-    if v.dtype != q.dtype:  # an FP8 cache: its V scale, once on the output
-        out = torch.bmm(probs, _dequantized(v, q.dtype, workspace, "v_dq")).mul_(v_scale * FP8_DOWN)
+    if v.dtype != q.dtype:  # an FP8 cache
+        out = torch.bmm(probs, _dequantized(v, v_scale, q.dtype, workspace, "v_dq"))
     else:
         out = torch.bmm(probs, v)  # [Hkv * d, group, D]
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)

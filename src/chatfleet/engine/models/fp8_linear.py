@@ -20,12 +20,13 @@ s[e], fmt, dtype, out=workspace_slice)`` (``plan/memory.py`` prices them as clas
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
+from chatfleet.engine.models.fp8_cast import fp8_placed, placed_down
 from chatfleet.engine.models.fp8_format import E4M3_MAX, FP8WeightFormat, ceil_div
 from chatfleet.engine.models.workspace import Workspace
 
@@ -71,11 +72,34 @@ def quantize_weight(w: torch.Tensor, fmt: FP8WeightFormat) -> tuple[torch.Tensor
     return q, scale
 
 
+@dataclass(frozen=True)
+class FoldedScale:
+    """A weight's scales in the compute dtype with the placement's power of two folded in
+    (``pre``: a factor to apply first instead, where folding would overflow)."""
+
+    scale: torch.Tensor
+    pre: float = 1.0
+
+
+def fold_scale(scale: torch.Tensor, dtype: torch.dtype) -> FoldedScale:
+    """``scale`` ready to multiply ``fp8_placed`` weights in ``dtype``."""
+    down = placed_down(dtype)
+    s = (scale.float() * down).to(dtype)  # a power of two: the same rounding as ``scale.to(dtype)``
+    if bool(torch.isfinite(s).all()):
+        return FoldedScale(s)
+    return FoldedScale(scale.to(dtype), pre=down)  # a scale of 2**8 or more: undo the placement first
+
+
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, fmt: FP8WeightFormat, dtype: torch.dtype,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """``q * scale`` as ``dtype`` (into ``out`` [out, in] when given)."""
-    w = fp8_to_down(q, dtype, out)
-    s = (scale * FP8_DOWN).to(dtype)  # a power of two: the same rounding as scaling by ``scale``
+                      out: torch.Tensor | None = None, folded: FoldedScale | None = None) -> torch.Tensor:
+    """``q * scale`` as ``dtype`` (into ``out`` [out, in] when given): the e4m3 bits placed into
+    ``dtype``'s (``fp8_cast.py``, three integer passes), then one multiplication by the scales
+    (``folded``: ``fold_scale(scale, dtype)`` computed before, else now)."""
+    w = fp8_placed(q, dtype, out)
+    f = folded if folded is not None else fold_scale(scale, dtype)
+    if f.pre != 1.0:
+        w.mul_(f.pre)
+    s = f.scale
     if fmt.granularity == "tensor":
         return w.mul_(s)
     if fmt.granularity == "channel":
@@ -100,6 +124,9 @@ class FP8Linear(nn.Module):
             self.register_buffer(f"scale_{i}", torch.ones(fmt.scale_shape(n, in_features), dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype)) if bias else None
         self._scaled_mm_ok = True
+        # Scales in the compute dtype, per part, keyed by (dtype, the scale tensors' versions):
+        # a few bytes per 128x128 block, recomputed if a scale is written again.
+        self._folded: tuple[tuple, list[FoldedScale]] | None = None
         # Where the dequantized weight goes: share one per model (its layers run one at a time);
         # None: a fresh tensor per call.
         self.workspace = workspace
@@ -124,12 +151,21 @@ class FP8Linear(nn.Module):
         ws = self.workspace
         w = ws.get("fp8_weight", shape, dtype, self.weight_0.device) if ws else torch.empty(
             shape, dtype=dtype, device=self.weight_0.device)
+        folded = self.folded_scales(dtype)
         row = 0
         for i, n in enumerate(self.part_sizes):
             q, s = self.part(i)
-            dequantize_weight(q, s, self.fmt, dtype, w[row : row + n])
+            dequantize_weight(q, s, self.fmt, dtype, w[row : row + n], folded[i])
             row += n
         return w
+
+    def folded_scales(self, dtype: torch.dtype) -> list[FoldedScale]:
+        """Each part's scales folded for ``dtype`` (computed once, again only if a scale changes)."""
+        scales = [self.part(i)[1] for i in range(len(self.part_sizes))]
+        key = (dtype, tuple(s._version for s in scales))
+        if self._folded is None or self._folded[0] != key:
+            self._folded = (key, [fold_scale(s, dtype) for s in scales])
+        return self._folded[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self._scaled_mm_ok and self.fmt.granularity != "block":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_to_down
+from chatfleet.engine.models.fp8_cast import fp8_dequantize
 from chatfleet.engine.models.fp8_format import E4M3_MAX
 
 FP8 = torch.float8_e4m3fn
@@ -28,7 +28,7 @@ def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 def dequantize_fp8(q: torch.Tensor, scale: float, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """``q * scale`` in ``dtype`` (into ``out`` when given)."""
-    return fp8_to_down(q, dtype, out).mul_(scale * FP8_DOWN)
+    return fp8_dequantize(q, scale, dtype, out)
 
 
 @dataclass
