@@ -40,15 +40,21 @@ def _decisions(plan: SchedulerOutput) -> tuple:
     return chunks, tuple(plan.preempted_request_ids), tuple(plan.finished_request_ids), transfers
 
 
-def _workload(seed: int = 7) -> list[tuple[float, str, list[int], int]]:
+# (arrivals per second, longest reply): short replies in a burst, and long ones spread out (most
+# steps then decode only, which the simulator runs many at once)
+WORKLOADS = {"burst": (400.0, 12), "long-replies": (40.0, 60)}
+
+
+def _workload(kind: str = "burst", seed: int = 7) -> list[tuple[float, str, list[int], int]]:
     """Requests sharing prefixes (two "cards"), arriving over time, too many for the pool at once."""
+    rate, longest = WORKLOADS[kind]
     rng = random.Random(seed)
     cards = [[rng.randrange(1000, 5000) for _ in range(n)] for n in (37, 22)]
     out, t = [], 0.0
     for i in range(24):
-        t += rng.expovariate(400.0)
+        t += rng.expovariate(rate)
         prompt = cards[i % 2] + [rng.randrange(1000, 5000) for _ in range(rng.randrange(1, 30))]
-        out.append((t, f"r{i}", prompt, rng.randrange(1, 12)))
+        out.append((t, f"r{i}", prompt, rng.randrange(1, longest)))
     return out
 
 
@@ -62,7 +68,7 @@ def _params(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0)
 
 
-def _engine_loop(host_blocks: int) -> list[tuple]:
+def _engine_loop(host_blocks: int, kind: str = "burst") -> list[tuple]:
     """The reference: the engine stepped in a plain loop, content checks on, the clock advanced by
     the same cost per step; requests join before the first step that starts at or after arrival."""
     clock = VirtualClock()
@@ -74,7 +80,7 @@ def _engine_loop(host_blocks: int) -> list[tuple]:
 
     runner = SimRunner(40, BLOCK, vocab_size=SIM_VOCAB, max_model_len=512, cost_model=cost, num_host_blocks=host_blocks)
     engine = Engine(_config(host_blocks), runner=runner, tokenizer=NullTokenizer(), clock=clock)
-    pending = _workload()
+    pending = _workload(kind)
     while pending or engine.has_unfinished_requests():
         if not engine.has_unfinished_requests() and pending[0][0] > clock.now:
             clock.now = pending[0][0]
@@ -88,8 +94,9 @@ def _engine_loop(host_blocks: int) -> list[tuple]:
     return plans
 
 
-def _simulator(host_blocks: int) -> list[tuple]:
-    """The planner's path: SimReplica (fast mode) driven by coroutines on the virtual-time loop."""
+def _simulator(host_blocks: int, spans: list[int] | None = None, kind: str = "burst") -> list[tuple]:
+    """The planner's path: SimReplica (fast mode, decode-only steps run many at once where it
+    can) driven by coroutines on the virtual-time loop."""
     clock = VirtualClock()
     plans: list[tuple] = []
     replica = ReplicaPlan(_config(host_blocks), 40, host_blocks, _cost, fast=True).build(
@@ -104,18 +111,24 @@ def _simulator(host_blocks: int) -> list[tuple]:
             tokens = await replica.generate(rid, prompt, n, rec, 0.0, t)
             assert rec.status == "ok" and len(tokens) == n == rec.output_tokens and len(rec.itl_s) == n - 1
 
-        await asyncio.gather(*(send(*r) for r in _workload()))
+        await asyncio.gather(*(send(*r) for r in _workload(kind)))
         replica.close()
         await loop_task
 
     run_virtual(main(), clock)
+    if spans is not None:
+        spans.append(replica.span_steps)
     return plans
 
 
+@pytest.mark.parametrize("kind", list(WORKLOADS))
 @pytest.mark.parametrize("host_blocks", [0, 16])
-def test_simulator_makes_exactly_the_engines_scheduling_decisions(host_blocks):
-    reference = _engine_loop(host_blocks)
-    simulated = _simulator(host_blocks)
+def test_simulator_makes_exactly_the_engines_scheduling_decisions(host_blocks, kind):
+    reference = _engine_loop(host_blocks, kind)
+    spans: list[int] = []
+    simulated = _simulator(host_blocks, spans, kind)
+    if kind == "long-replies":
+        assert spans[0] > len(reference) // 8, "decode spans should run many of the steps"
     assert any(p[1] for p in reference), "the workload should force preemptions"
     assert any(c[2] > 0 for p in reference for c in p[0] if c[1] > 1), "and prefix hits"
     assert bool(host_blocks) == any(p[3] for p in reference), "and host-tier transfers when it has one"
@@ -211,3 +224,49 @@ def test_coarse_time_charges_k_real_steps_and_reports_real_tokens():
     s1, s4 = runs[1].summary, runs[4].summary
     assert s4.latency["itl"]["p50"] == pytest.approx(s1.latency["itl"]["p50"], rel=0.25)
     assert s4.hit_rate == pytest.approx(s1.hit_rate, abs=0.1)
+
+
+def test_decode_cost_is_the_same_float_as_the_plans_cost():
+    rng = random.Random(3)
+    p = _params(1)
+    for name in ("H100", "L4", "cpu"):
+        model = ModelCost(rng.randrange(10**8, 10**10), 2e9 * rng.random(), 4096,
+                          (GroupCost(36, 4096, None, 16 * 36 * 4096), GroupCost(4, 512, None, 16 * 4 * 512)), "bf16")
+        cm = StepCostModel(model, load_catalog().get(name))
+        for _ in range(50):
+            starts = [rng.randrange(0, 40000) for _ in range(rng.randrange(1, 300))]
+            plan = SchedulerOutput([ScheduledChunk(f"r{i}", [1], s, [], True, p, 0) for i, s in enumerate(starts)])
+            assert cm.decode_cost(len(starts), sum(starts)) == cm(plan)
+    windowed = ModelCost(10**9, 2e9, 1024, (GroupCost(8, 1024, 128, 16 * 8 * 1024),), "bf16")
+    assert StepCostModel(windowed, load_catalog().get("L4")).decode_cost(2, 10) is None  # no closed form
+
+
+@pytest.mark.parametrize("host", [0, 2 * 2**20])
+def test_decode_spans_change_nothing_in_a_simulated_run(host, monkeypatch):
+    """The same run with decode spans on and off: every record (times, gaps, hits) identical."""
+    from dataclasses import replace
+
+    from chatfleet.plan.decode_span import DecodeSpan
+
+    span_steps = []
+    step = DecodeSpan.step
+    monkeypatch.setattr(DecodeSpan, "step", lambda self: span_steps.append(1) or step(self))
+
+    from chatfleet.plan.memory_report import read_model_config
+    from chatfleet.plan.replica_setup import ServingConfig, replica_plan
+
+    cfg, _ = read_model_config("small")
+    serving = ServingConfig(weights="fp32", kv_cache_tokens=1024, host_cache_bytes=host,
+                            scheduler=SchedulerConfig(max_running=6))
+    plan = replica_plan(cfg, load_catalog().get("cpu"), serving)
+    proto = sim_protocol(LoadSpec("closed", 8, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=2s"))
+
+    def records(spans: bool):
+        res = simulate_point(proto, 8, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()),
+                             replace(plan, decode_spans=spans))
+        return [(r.conv_id, r.turn, r.status, r.sent_s, r.first_token_s, r.end_s, r.ttft_s, tuple(r.itl_s),
+                 r.cached_tokens, r.prompt_tokens, r.output_tokens) for r in res.points[0].runs[0].records]
+
+    with_spans = records(True)
+    assert len(with_spans) > 30 and len(span_steps) > 100
+    assert with_spans == records(False)

@@ -24,7 +24,7 @@ _PROFILE = typer.Option(None, "--profile", help="YAML profile (sections: gateway
 _HOST = typer.Option(None, "--host", help=f"Gateway address (default: {_G.host}).")
 _PORT = typer.Option(None, "--port", help=f"Gateway port (default: {_G.port}).")
 _CAP = typer.Option(None, "--max-in-flight", help="Per-replica in-flight cap (default: none).")
-_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON result: cap = its knee.")
+_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON result: cap = the requests in flight at its knee (a closed-loop knee, in live chats, converted by Little's law).")
 _CAPS_SERIES = typer.Option(None, "--caps-series", help="Series of --caps-from to read (if it holds several).")
 _QUEUE = typer.Option(None, "--queue-size", help=f"Requests that may wait (default: {_G.queue_size}).")
 _WAIT = typer.Option(None, "--max-queue-wait", help=f"Seconds a request may wait (default: {_G.max_queue_wait_s:g}).")

@@ -225,6 +225,10 @@ class Engine:
                 self._num_finished += 1
         return processed.outputs
 
+    def count_generated(self, num_tokens: int) -> None:
+        """Output tokens produced outside ``step()`` (the planner's many-steps-at-once decode)."""
+        self._generation_tokens += num_tokens
+
     # ---- memory and stats ---------------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()

@@ -73,6 +73,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def num_unreported_finished(self) -> int:
+        """Requests finished since the last plan (the next plan names them)."""
+        return len(self._finished_ids)
+
     def add_request(self, request: Request) -> None:
         """Queue a request; the engine holds at most max_running + max_waiting at once.
 

@@ -110,13 +110,32 @@ class StepCostModel:
                 # token i (start <= i < end) attends to i + 1 positions (its window at most)
                 pairs = n * (start + end + 1) / 2 if g.window is None else n * min((start + end + 1) / 2, g.window)
                 attn_pairs += g.num_layers * pairs
-        flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * attn_pairs
         moved = 0
         if plan.kv_transfers:
             block = sum(g.block_bytes for g in m.groups)
             moved = sum(t.num_blocks for t in plan.kv_transfers) * block * k
+        return self._step_cost(tokens, kv_bytes, attn_pairs, moved)
+
+    def _step_cost(self, tokens: int, kv_bytes: float, attn_pairs: float, moved: int) -> StepCost:
+        m, k = self.model, self.token_scale
+        flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * attn_pairs
         return StepCost(k * flops / self._flops, k * (m.weight_bytes_per_step + kv_bytes) / self._bw,
                         moved / self._pcie, k * self.eff.step_overhead_ms / 1e3)
 
     def __call__(self, plan: SchedulerOutput) -> float:
         return self.cost(plan).total_s
+
+    def decode_cost(self, num_requests: int, sum_starts: int) -> float | None:
+        """What ``self(plan)`` charges for a plan of ``num_requests`` one-token chunks whose start
+        positions sum to ``sum_starts`` (no transfers), in O(1): the per-chunk sums of ``cost``
+        are sums of whole numbers, exact in floating point below 2**53, so this is the same
+        float. None where it cannot say (sliding windows, coarse time, sums past 2**53)."""
+        m = self.model
+        if self.token_scale != 1 or any(g.window is not None for g in m.groups):
+            return None
+        # per chunk (n = 1, start s, end s + 1): KV read s + 1 and written 1; pairs s + 1
+        kv_bytes = sum(g.num_layers * g.kv_bytes_per_token_per_layer for g in m.groups) * (sum_starts + 2 * num_requests)
+        attn_pairs = sum(g.num_layers for g in m.groups) * (sum_starts + num_requests)
+        if kv_bytes >= 2**53 or attn_pairs >= 2**53:
+            return None
+        return self._step_cost(num_requests, float(kv_bytes), float(attn_pairs), 0).total_s

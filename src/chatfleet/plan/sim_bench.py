@@ -35,12 +35,13 @@ class ReplicaPlan:
     cost_model: Callable[[SchedulerOutput], float]
     fast: bool = True  # SimRunner without content checks
     token_scale: int = 1  # coarse time: one simulated token stands for this many (replica_setup.py)
+    decode_spans: bool = True  # decode-only steps many at once (plan/decode_span.py; same results)
 
     def build(self, name: str, clock: VirtualClock,
               on_plan: Callable[[SchedulerOutput], None] | None = None) -> SimReplica:
         return SimReplica(name, self.engine, self.num_blocks, self.cost_model, clock,
                           num_host_blocks=self.num_host_blocks, fast=self.fast, on_plan=on_plan,
-                          token_scale=self.token_scale)
+                          token_scale=self.token_scale, decode_spans=self.decode_spans)
 
 
 def _no_reset() -> ResetCheck:
@@ -86,7 +87,8 @@ class SimBench(Bench):
         loop_task = asyncio.create_task(replica.run())
 
         async def target(req: TurnRequest, rec, t0: float, intended: float) -> list[int]:
-            return await replica.generate(req.request_id, req.prompt, req.max_tokens, rec, t0, intended)
+            return await replica.generate(req.request_id, req.prompt, req.max_tokens, rec, t0, intended,
+                                          req.session)
 
         start = self.clock()
         try:

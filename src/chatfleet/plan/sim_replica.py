@@ -24,10 +24,12 @@ from chatfleet.bench.records import RequestRecord
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.outputs import SchedulerOutput
-from chatfleet.engine.request import SamplingParams
+from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.errors import InvalidRequestError, ServerOverloadedError
-from chatfleet.plan.virtual_loop import VirtualClock
+from chatfleet.plan.decode_span import DecodeSpan
+from chatfleet.plan.session_hashes import SessionHashes
+from chatfleet.plan.virtual_loop import VirtualClock, VirtualTimeLoop
 
 SIM_VOCAB = 1 << 30  # token ids of simulated traffic are arbitrary integers below this
 
@@ -57,6 +59,8 @@ class _Pending:
     t0: float  # the run's start (records count from it)
     intended: float
     future: asyncio.Future
+    session: str | None = None
+    request: Request | None = None  # the engine's, read when it finishes (its block hashes)
     tokens: list[int] = field(default_factory=list)
     last: float | None = None
 
@@ -64,7 +68,8 @@ class _Pending:
 class SimReplica:
     def __init__(self, name: str, config: EngineConfig, num_blocks: int, cost_model: Callable[[SchedulerOutput], float],
                  clock: VirtualClock, *, num_host_blocks: int = 0, fast: bool = True,
-                 on_plan: Callable[[SchedulerOutput], None] | None = None, token_scale: int = 1) -> None:
+                 on_plan: Callable[[SchedulerOutput], None] | None = None, token_scale: int = 1,
+                 decode_spans: bool = True) -> None:
         self.name = name
         self.token_scale = token_scale
         self.clock = clock
@@ -78,9 +83,14 @@ class SimReplica:
                                 cost_model=self._charge, num_host_blocks=num_host_blocks, check_contents=not fast)
         self.engine = Engine(config, runner=self.runner, tokenizer=NullTokenizer(), clock=clock)
         self._pending: dict[str, _Pending] = {}
+        self._histories = SessionHashes(config.cache.block_size)
         self._wake: asyncio.Event | None = None
         self._closed = False
         self.busy_s = 0.0  # virtual seconds spent in steps
+        # decode-only steps many at once (plan/decode_span.py): fast mode, exact time only
+        self.decode_spans = decode_spans and fast and token_scale == 1
+        self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
+        self.span_steps = 0  # steps run inside decode spans
 
     def _charge(self, plan: SchedulerOutput) -> float:
         if self._on_plan is not None:
@@ -94,8 +104,9 @@ class SimReplica:
         return len(self._pending)
 
     async def generate(self, request_id: str, prompt: list[int], max_tokens: int, record: RequestRecord,
-                       t0: float, intended: float) -> list[int]:
-        """Serve one request; returns its tokens (empty, with the record's status set, on refusal)."""
+                       t0: float, intended: float, session: str | None = None) -> list[int]:
+        """Serve one request; returns its tokens (empty, with the record's status set, on refusal).
+        ``session``: the conversation, whose previous turn's block hashes this one reuses."""
         now = self.clock()
         record.sent_s = now - t0
         record.queue_s = max(0.0, now - intended)
@@ -109,8 +120,11 @@ class SimReplica:
             record.status, record.http_status, record.error = "error", 400, e.message
             return []
         record.http_status = 200
+        request = self.engine.get_request(request_id)
+        if session is not None:
+            self._histories.prime(session, request)
         fut = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = _Pending(record, t0, intended, fut)
+        self._pending[request_id] = _Pending(record, t0, intended, fut, session, request)
         if self._wake is not None:
             self._wake.set()
         return await fut
@@ -123,6 +137,8 @@ class SimReplica:
             if not engine.has_unfinished_requests():
                 self._wake.clear()
                 await self._wake.wait()
+                continue
+            if self.decode_spans and await self._try_span():
                 continue
             self._step_cost = 0.0
             start = self.clock()
@@ -158,6 +174,8 @@ class SimReplica:
                     p.tokens.extend(out.new_token_ids)
                 if out.finished:
                     del self._pending[out.request_id]
+                    if p.session is not None:
+                        self._histories.keep(p.session, p.request)
                     rec.end_s = now - p.t0
                     rec.reply_s = now - p.intended
                     rec.output_tokens = len(p.tokens)
@@ -171,7 +189,60 @@ class SimReplica:
                     if not p.future.done():  # the caller may have left (drain timeout)
                         p.future.set_result(p.tokens)
 
+    async def _try_span(self) -> bool:
+        """Run the steps from now that are plain decode steps at once (``DecodeSpan``), sleeping
+        until the last one ends; False (nothing done) where the next step is not one."""
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):
+            return False
+        span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge)
+        if span is None:
+            return False
+        now = self.clock()
+        for lane in span.lanes:  # each inter-token gap is then the step's cost, as in run()
+            p = self._pending.get(lane.request.request_id)
+            if p is not None and p.last != now:
+                return False
+        cost = span.step()
+        if cost is None:
+            return False
+        if not cost > 0:
+            raise AssertionError("decode spans need positive step costs")
+        span.commit()
+        self.busy_s += cost
+        when = now + cost  # as asyncio.sleep(cost) would set its timer
+        while loop.has_ready():  # what the loop runs during the first step's sleep, at this time
+            await asyncio.sleep(0)
+        if not self._closed and span.still_plain():
+            nxt = loop.next_timer()
+            while nxt is None or when + 2e-9 < nxt:  # the next step starts before anything else runs
+                cost = span.step()
+                if cost is None:
+                    break
+                if not cost > 0:
+                    raise AssertionError("decode spans need positive step costs")
+                self.busy_s += cost
+                when += cost
+            span.commit()
+        self.span_steps += span.num_steps
+        done = loop.create_future()
+        loop.call_at(when, _wake, done)
+        await done
+        end = self.clock()
+        for lane in span.lanes:
+            p = self._pending.get(lane.request.request_id)
+            if p is not None:
+                p.record.itl_s.extend(span.costs)
+                p.tokens.extend(lane.tokens)
+                p.last = end
+        return True
+
     def close(self) -> None:
         self._closed = True
         if self._wake is not None:
             self._wake.set()
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

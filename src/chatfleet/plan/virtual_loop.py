@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -35,6 +35,7 @@ class _VirtualSelector(selectors.SelectSelector):
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__()
         self.clock = clock
+        self.next_timer: Callable[[], float | None] = lambda: None
 
     def select(self, timeout: float | None = None):  # type: ignore[override]
         ready = super().select(0)  # the loop's self-pipe only; never blocks
@@ -42,18 +43,34 @@ class _VirtualSelector(selectors.SelectSelector):
             return ready
         if timeout is None:
             raise RuntimeError("virtual-time loop: every task waits and no timer is pending (deadlock)")
-        self.clock.now += timeout
+        # land exactly on the timer (``now + (when - now)`` may miss it by a rounding error)
+        when = self.next_timer()
+        self.clock.advance_to(when if when is not None else self.clock.now + timeout)
         return ready
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """Besides ``time()``: ``next_timer()`` and ``has_ready()`` let a coroutine that knows nothing
+    else can run before a given time skip ahead (``plan/decode_span.py``)."""
+
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
-        super().__init__(_VirtualSelector(clock))
+        selector = _VirtualSelector(clock)
+        super().__init__(selector)
+        selector.next_timer = self.next_timer
         self._clock_resolution = 1e-9
 
     def time(self) -> float:
         return self.clock.now
+
+    def next_timer(self) -> float | None:
+        """When the earliest pending timer fires (a cancelled one may answer early), or None."""
+        scheduled = self._scheduled  # asyncio's timer heap (base_events.BaseEventLoop)
+        return scheduled[0].when() if scheduled else None
+
+    def has_ready(self) -> bool:
+        """Whether callbacks are due now (they run before the clock moves)."""
+        return bool(self._ready)
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], clock: VirtualClock) -> T:

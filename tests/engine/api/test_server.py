@@ -235,12 +235,9 @@ BAD_CHAT = [
     ("too many top_logprobs", {"messages": MSG, "logprobs": True, "top_logprobs": 99}, "top_logprobs"),
     ("stream_options without stream", {"messages": MSG, "stream_options": {"include_usage": True}}, None),
     ("negative temperature", {"messages": MSG, "temperature": -1}, "temperature"),
-    ("n > 1 streamed", {"messages": MSG, "n": 2, "stream": True}, "n"),
     ("prompt too long", {"messages": [{"role": "user", "content": long_text(600, "x")}]}, None),
 ]
 BAD_COMPLETION = [
-    ("two prompts streamed", {"prompt": ["a", "b"], "stream": True}, "prompt"),
-    ("n > 1 streamed", {"prompt": "a", "n": 2, "stream": True}, "n"),
     ("empty prompt", {"prompt": ""}, "prompt"),
     ("token id out of vocab", {"prompt": [1, 2, 10**7]}, "prompt"),
     ("negative token id", {"prompt": [1, -2]}, "prompt"),
@@ -392,3 +389,48 @@ def test_n_choices_share_the_prompt_through_the_prefix_cache(server, client):
     assert len({c.message.content for c in r.choices}) > 1  # seeds differ per choice
     again = chat(client, prompt, max_tokens=5, n=3, temperature=1.0, seed=11, extra_body=FORCE)
     assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+
+
+def test_n_choices_stream_interleaved_by_index(server, client):
+    prompt = long_text(40, "nstream")
+    kw = {"max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 5, "extra_body": FORCE}
+    whole = chat(client, prompt, **kw)
+    texts, roles, finishes, order, usage = {}, {}, {}, [], None
+    for chunk in chat(client, prompt, stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            assert not chunk.choices
+            usage = chunk.usage
+        for c in chunk.choices:
+            order.append(c.index)
+            roles[c.index] = roles.get(c.index) or c.delta.role
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert sorted(set(order)) == [0, 1, 2] and roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]  # same seeds, same samples
+    assert usage.completion_tokens == 18 and usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_batched_completion_prompts_with_n_stream_every_choice(server, client):
+    kw = {"model": "tiny", "prompt": ["one two three", "four five"], "n": 2, "max_tokens": 4,
+          "temperature": 1.0, "seed": 3, "extra_body": FORCE}
+    whole = client.completions.create(**kw)
+    texts: dict[int, str] = {}
+    usage = None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in whole.choices} and len(texts) == 4
+    assert usage.completion_tokens == 16 and usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_a_client_leaving_a_streamed_fan_out_frees_every_choice(server):
+    body = {"model": "tiny", "messages": MSG, "n": 4, "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+    deadline = time.monotonic() + 10
+    while engine_call(server, lambda e: e.has_unfinished_requests()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine_call(server, lambda e: e.has_unfinished_requests())

@@ -4,20 +4,27 @@ Each choice is one engine request, ``<parent id>-<index>``. The first choice of 
 runs its prefill alone; the others start once it has produced its first token, so they find the
 prompt's blocks in the prefix cache and share them instead of computing them again. Choices of
 one request are numbered as OpenAI numbers them: prompt ``i``, sample ``j`` -> ``i * n + j``.
+Streamed, the choices' chunks are interleaved as they come (``interleave``), each carrying its
+choice's index, followed by one usage chunk (when asked) and one ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from pydantic import BaseModel
 
 from chatfleet.engine.api.requests import Deadline, RequestOutputs, ServerState
+from chatfleet.engine.api.responders import StreamPart
 from chatfleet.engine.request import SamplingParams
 from chatfleet.errors import InvalidRequestError
+from chatfleet.protocol.errors import error_event
 from chatfleet.protocol.openai import PromptTokensDetails, Usage
+from chatfleet.protocol.sse import DONE
 
 MAX_CHOICES = 128
 
@@ -85,3 +92,42 @@ def merge_responses(responses: list[BaseModel], choices: list[Choice]) -> BaseMo
     merged = [r.choices[0].model_copy(update={"index": c.index}) for r, c in zip(responses, choices)]
     return responses[0].model_copy(update={"choices": merged,
                                            "usage": merged_usage([r.usage for r in responses], choices)})
+
+
+async def interleave(streams: list[AsyncIterator[bytes]], parts: list[StreamPart], choices: list[Choice],
+                     usage_chunk: Callable[[Usage], bytes] | None) -> AsyncIterator[bytes]:
+    """One SSE stream of every choice's chunks as they come (each stream is a responder run as a
+    ``StreamPart``), then the merged usage (``usage_chunk``, when asked) and ``[DONE]``. An error
+    in any choice ends the whole stream with an error event."""
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async with aclosing(stream):
+                async for event in stream:
+                    await queue.put(event)
+        except Exception as exc:  # noqa: BLE001 - handed to the merged stream
+            await queue.put(exc)
+            return
+        await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                yield error_event(item)
+                break
+            else:
+                yield item
+        else:
+            if usage_chunk is not None:
+                yield usage_chunk(merged_usage([p.usage for p in parts], choices))
+        yield DONE
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -39,10 +39,20 @@ from chatfleet.protocol.openai import (
     DeltaToolCall,
     FunctionCallOut,
     ToolCall,
+    Usage,
     now_s,
     random_id,
 )
 from chatfleet.protocol.sse import DONE, encode_event
+
+
+@dataclass
+class StreamPart:
+    """One choice's share of a fanned-out stream (``fanout.interleave``): its index, and its
+    usage once it has finished."""
+
+    index: int
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)
@@ -98,9 +108,13 @@ async def chat_response(
 
 
 async def chat_stream(
-    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput]
+    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput],
+    part: StreamPart | None = None,
 ) -> AsyncIterator[bytes]:
-    """SSE events: a role chunk, content chunks, the finish chunk, then usage if asked, [DONE]."""
+    """SSE events: a role chunk, content chunks, the finish chunk, then usage if asked, [DONE].
+    As ``part`` of a fanned-out stream: its chunks only, numbered ``part.index``; the usage goes
+    to ``part.usage`` and an error is raised (the merged stream ends both)."""
+    index = part.index if part is not None else 0
     text = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
     continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
 
@@ -114,7 +128,7 @@ async def chat_stream(
 
     async with aclosing(outputs):
         try:
-            yield chunk([ChatCompletionChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
+            yield chunk([ChatCompletionChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
             last = None
             async for out in outputs:
                 last = out
@@ -136,6 +150,7 @@ async def chat_stream(
                 if not (new_text or deltas or out.finished or (lp and lp.content)):
                     continue  # e.g. a token that ends inside a multi-byte character
                 choice = ChatCompletionChunkChoice(
+                    index=index,
                     delta=DeltaMessage(content=new_text or ("" if not (out.finished or deltas) else None),
                                        tool_calls=deltas),
                     logprobs=lp,
@@ -143,9 +158,14 @@ async def chat_stream(
                     stop_reason=_stop_reason(out),
                 )
                 yield chunk([choice], usage_of(out) if continuous else None)
+            if part is not None:
+                part.usage = usage_of(last)
+                return
             if req.include_usage:
                 yield chunk([], usage_of(last))
         except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
+            if part is not None:
+                raise
             yield error_event(exc)
         yield DONE
 
@@ -219,8 +239,10 @@ async def completion_response(
 
 async def completion_stream(
     ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt,
-    outputs: AsyncIterator[RequestOutput],
+    outputs: AsyncIterator[RequestOutput], part: StreamPart | None = None,
 ) -> AsyncIterator[bytes]:
+    """SSE events: text chunks, then usage if asked, [DONE]; ``part``: as in ``chat_stream``."""
+    index = part.index if part is not None else 0
     pieces = _CompletionPieces(ctx, req, prompt)
     continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
 
@@ -238,15 +260,32 @@ async def completion_stream(
                 if not (piece.text or out.finished or (piece.logprobs and piece.logprobs.tokens)):
                     continue
                 choice = CompletionChoice(
-                    text=piece.text, logprobs=piece.logprobs, finish_reason=pieces.finish_reason(out),
+                    index=index, text=piece.text, logprobs=piece.logprobs, finish_reason=pieces.finish_reason(out),
                     stop_reason=None if pieces.drop_generated else _stop_reason(out),
                 )
                 yield chunk([choice], pieces.usage(out) if continuous else None)
+            if part is not None:
+                part.usage = pieces.usage(last)
+                return
             if req.include_usage:
                 yield chunk([], pieces.usage(last))
         except Exception as exc:  # noqa: BLE001 - after the headers, errors go in-band
+            if part is not None:
+                raise
             yield error_event(exc)
         yield DONE
+
+
+def chat_usage_chunk(ctx: ResponseContext, usage: Usage) -> bytes:
+    """The usage chunk that ends a streamed chat response (no choices)."""
+    return encode_event(ChatCompletionChunk(id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[],
+                                            usage=usage))
+
+
+def completion_usage_chunk(ctx: ResponseContext, usage: Usage) -> bytes:
+    """The usage chunk that ends a streamed completion response (no choices)."""
+    return encode_event(CompletionResponse(id=ctx.request_id, created=ctx.created, model=ctx.model, choices=[],
+                                           usage=usage))
 
 
 def new_context(request_id: str, model: str, tokenizer: Any) -> ResponseContext:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import uvicorn
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.auth import Authenticator, Tenant
-from chatfleet.engine.api.fanout import merge_responses, plan_choices, start_choices
+from chatfleet.engine.api.fanout import interleave, merge_responses, plan_choices, start_choices
 from chatfleet.engine.api.metrics import CONTENT_TYPE
 from chatfleet.engine.api.openapi import ERROR_RESPONSES, install_openapi
 from chatfleet.engine.api.options import ServerOptions
@@ -32,10 +33,13 @@ from chatfleet.engine.api.requests import (
     cancel_on_disconnect,
 )
 from chatfleet.engine.api.responders import (
+    StreamPart,
     chat_response,
     chat_stream,
+    chat_usage_chunk,
     completion_response,
     completion_stream,
+    completion_usage_chunk,
     new_context,
 )
 from chatfleet.engine.api.serving import (
@@ -45,7 +49,7 @@ from chatfleet.engine.api.serving import (
     template_tools,
 )
 from chatfleet.engine.config import EngineConfig
-from chatfleet.errors import EngineDeadError, InvalidRequestError, NotFoundError
+from chatfleet.errors import EngineDeadError, NotFoundError
 from chatfleet.protocol.body_limit import BodyLimitMiddleware
 from chatfleet.protocol.errors import error_response, install_exception_handlers
 from chatfleet.protocol.openai import (
@@ -143,10 +147,13 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
             salt, session = tenant_of(request).salt(body.cache_salt), session_id_of(request, body.user)
             if body.n > 1:
-                if body.stream:
-                    raise InvalidRequestError("n > 1 is served without streaming; set stream to false", param="n")
                 choices = plan_choices([(prompt_ids, params)], body.n)
                 all_outputs = await start_choices(state, ctx.request_id, choices, salt, session, deadline)
+                if body.stream:
+                    parts = [StreamPart(c.index) for c in choices]
+                    usage = partial(chat_usage_chunk, ctx) if body.include_usage else None
+                    return SSEResponse(interleave([chat_stream(ctx, body, o, p) for o, p in zip(all_outputs, parts)],
+                                                  parts, choices, usage), all_outputs)
                 responses = await asyncio.gather(*(chat_response(ctx, body, o) for o in all_outputs))
                 return JSONResponse(merge_responses(list(responses), choices).model_dump())
             outputs = await state.start(ctx.request_id, prompt_ids, params, salt, session, deadline)
@@ -171,13 +178,16 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
                 if body.stream:
                     return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
                 return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())
-            if body.stream:
-                raise InvalidRequestError("several prompts or n > 1 are served without streaming; set stream to"
-                                          " false", param="prompt" if len(body.prompts) > 1 else "n")
             built = await deadline.run(asyncio.gather(*(prompts.completion(p) for p in body.prompts)))
             choices = plan_choices([(p.token_ids, check_token_ids(completion_sampling_params(
                 body, len(p.token_ids), engine.max_request_tokens), tok.vocab_size)) for p in built], body.n)
             all_outputs = await start_choices(state, ctx.request_id, choices, salt, session, deadline)
+            if body.stream:
+                parts = [StreamPart(c.index) for c in choices]
+                usage = partial(completion_usage_chunk, ctx) if body.include_usage else None
+                return SSEResponse(interleave([completion_stream(ctx, body, built[c.prompt_index], o, p)
+                                               for c, o, p in zip(choices, all_outputs, parts)], parts, choices, usage),
+                                   all_outputs)
             responses = await asyncio.gather(*(completion_response(ctx, body, built[c.prompt_index], o)
                                                for c, o in zip(choices, all_outputs)))
             return JSONResponse(merge_responses(list(responses), choices).model_dump())

@@ -68,6 +68,11 @@ class BlockPool:
         return len(self._free) + len(self._evictable)
 
     @property
+    def num_empty_blocks(self) -> int:
+        """Free blocks that hold nothing cached (handed out before any cached block is evicted)."""
+        return len(self._free)
+
+    @property
     def num_used_blocks(self) -> int:
         return self._num_used
 
@@ -153,7 +158,7 @@ class BlockPool:
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         """The block holding exactly ``block_hash`` (value and contents re-checked), if any."""
         block = self._index.get(block_hash.value)
-        if block is None or block.block_hash != block_hash:
+        if block is None or (block.block_hash is not block_hash and block.block_hash != block_hash):
             return None
         return block
 

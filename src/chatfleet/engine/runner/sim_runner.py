@@ -98,17 +98,29 @@ class SimRunner:
         sampled: dict[str, SampledToken] = {}
         for chunk in plan.chunks:
             if chunk.sample:
-                base = self._bases.get(chunk.request_id)
-                if base is None:
-                    base = self._bases[chunk.request_id] = _digest(chunk.request_id.encode())
-                token = (base + chunk.context_length * 0x9E3779B1) % self.vocab_size
-                if token == chunk.eos_token_id or token in chunk.sampling_params.stop_token_ids:
-                    token = (token + 1) % self.vocab_size
-                sampled[chunk.request_id] = SampledToken(int(token))
+                sampled[chunk.request_id] = SampledToken(self.fast_token(
+                    chunk.request_id, chunk.context_length, chunk.eos_token_id, chunk.sampling_params.stop_token_ids))
         self.num_steps += 1
         if self.cost_model is not None:
             self.virtual_time += self.cost_model(plan)
         return RunnerOutput(sampled, {}, stats)
+
+    def fast_token(self, request_id: str, context_length: int, eos_token_id: int | None,
+                   stop_token_ids: tuple[int, ...]) -> int:
+        """Fast mode's sampled token after ``context_length`` tokens of the request."""
+        base = self._bases.get(request_id)
+        if base is None:
+            base = self._bases[request_id] = _digest(request_id.encode())
+        token = (base + context_length * 0x9E3779B1) % self.vocab_size
+        if token == eos_token_id or token in stop_token_ids:
+            token = (token + 1) % self.vocab_size
+        return int(token)
+
+    def note_steps(self, costs: list[float]) -> None:
+        """Steps run without ``execute`` (``plan/decode_span.py``), each charged its cost."""
+        self.num_steps += len(costs)
+        for c in costs:
+            self.virtual_time += c
 
     def _transfer(self, transfers: list[KVTransfer]) -> TransferStats:
         stored = loaded = 0

@@ -1,0 +1,59 @@
+"""Block hashes carried from a conversation's turn to its next one (the planner's shortcut).
+
+A returning turn's prompt starts with the previous turn's prompt (the history grows at its end),
+so the engine would hash the same blocks again: thousands of BLAKE2b digests per request with
+long histories. The simulated replica keeps each session's last finished request (tokens and the
+``BlockHash`` values the engine computed for it) and hands the new request the hashes of the
+whole blocks both share, compared token by token: the values are those the engine would compute
+(the same function of the same tokens, no salt), it only skips recomputing them. Sharing the
+very objects also lets the pool's lookup confirm a hit by identity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from chatfleet.engine.kv.block import BlockHash
+from chatfleet.engine.request import Request
+
+MAX_SESSIONS = 1024  # sessions remembered (oldest dropped): enough for the live chats of a replica
+
+
+class SessionHashes:
+    def __init__(self, block_size: int, max_sessions: int = MAX_SESSIONS) -> None:
+        self.block_size = block_size
+        self.max_sessions = max_sessions
+        self._last: OrderedDict[str, tuple[list[int], list[BlockHash]]] = OrderedDict()
+        self.reused_blocks = 0
+
+    def keep(self, session: str, request: Request | None) -> None:
+        """Remember a finished request of ``session`` (its tokens and block hashes)."""
+        if request is None or request.cache_salt is not None or not request.block_hashes:
+            return
+        self._last[session] = (request.prompt_token_ids + request.output_token_ids, request.block_hashes)
+        self._last.move_to_end(session)
+        while len(self._last) > self.max_sessions:
+            self._last.popitem(last=False)
+
+    def prime(self, session: str, request: Request | None) -> None:
+        """Give a new request of ``session`` the hashes of the whole blocks it shares with the
+        session's previous request (before the engine hashes anything of it)."""
+        last = self._last.get(session)
+        if last is None or request is None or request.cache_salt is not None or request.block_hashes:
+            return
+        tokens, hashes = last
+        prompt = request.prompt_token_ids
+        bs = self.block_size
+        n = min(len(hashes), len(prompt) // bs)
+        if prompt[: n * bs] != tokens[: n * bs]:  # diverged earlier (history dropped): bisect
+            lo, hi = 0, n  # prompt and tokens agree on lo blocks, not on hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if prompt[: mid * bs] == tokens[: mid * bs]:
+                    lo = mid
+                else:
+                    hi = mid
+            n = lo
+        if n:
+            request.block_hashes = hashes[:n]
+            self.reused_blocks += n

@@ -1,0 +1,60 @@
+"""A returning turn gets the previous turn's block hashes only where the engine would compute the
+same ones (oracle: the engine's own hashing of the new prompt)."""
+
+from __future__ import annotations
+
+import random
+
+from chatfleet.engine.kv.block import extend_block_hashes
+from chatfleet.engine.request import Request, SamplingParams
+from chatfleet.plan.session_hashes import SessionHashes
+
+BS = 4
+
+
+def _request(rid: str, prompt: list[int], outputs: list[int] = ()) -> Request:
+    r = Request(rid, list(prompt), SamplingParams(max_tokens=8), arrival_time=0.0)
+    r.output_token_ids = list(outputs)
+    extend_block_hashes(r.block_hashes, r.all_token_ids[: (r.num_tokens - 1) // BS * BS], BS)
+    return r
+
+
+def test_primed_hashes_are_the_engines_own():
+    rng = random.Random(1)
+    card = [rng.randrange(1000, 9000) for _ in range(21)]
+    user1 = [rng.randrange(1000, 9000) for _ in range(6)]
+    reply1 = [rng.randrange(1000, 9000) for _ in range(9)]
+    memo = SessionHashes(BS)
+    first = _request("t0", card + user1, reply1)
+    memo.keep("s", first)
+    cases = {
+        "history grows": card + user1 + reply1 + [5, 6, 7, 8, 9, 10, 11],
+        "history dropped": card + [7, 7, 7] + reply1,  # diverges inside the card's last block
+        "other prefix": [1, 2, 3] + card,
+    }
+    for name, prompt in cases.items():
+        new = Request(f"t1-{name}", prompt, SamplingParams(max_tokens=8), arrival_time=0.0)
+        memo.prime("s", new)
+        want = extend_block_hashes([], prompt, BS)
+        assert new.block_hashes == want[: len(new.block_hashes)], name
+        assert all(a is b for a, b in zip(new.block_hashes, first.block_hashes)), name  # the same objects
+        shared = 0
+        while shared < len(prompt) // BS and prompt[: (shared + 1) * BS] == (card + user1 + reply1)[: (shared + 1) * BS]:
+            shared += 1
+        assert len(new.block_hashes) == min(shared, len(first.block_hashes)), name
+    assert len(cases["history grows"]) // BS > len(first.block_hashes)  # the engine extends the rest itself
+
+
+def test_unknown_sessions_and_salted_requests_get_nothing():
+    memo = SessionHashes(BS, max_sessions=2)
+    for i in range(3):
+        memo.keep(f"s{i}", _request(f"r{i}", list(range(100 * i, 100 * i + 12))))
+    fresh = Request("x", list(range(12)), SamplingParams(max_tokens=8), arrival_time=0.0)
+    memo.prime("s0", fresh)  # s0 was dropped (oldest of three, two kept)
+    assert fresh.block_hashes == []
+    salted = Request("y", list(range(100, 112)), SamplingParams(max_tokens=8), arrival_time=0.0, cache_salt="k")
+    memo.prime("s1", salted)
+    assert salted.block_hashes == []
+    plain = Request("z", list(range(100, 112)), SamplingParams(max_tokens=8), arrival_time=0.0)
+    memo.prime("s1", plain)
+    assert len(plain.block_hashes) == 2
