@@ -10,7 +10,8 @@ For every linear of one layer of the model (block-wise ``[128, 128]`` scales, as
   scales with the placement's power of two folded in (``fp8_cast.fp8_placed``: four passes);
 - ``LUT gather``: a 256-entry table indexed by the codes (a widening pass plus a gather);
 
-next to the layer's matrix products at batch 1 and 8 (what the dequantized weight is for).
+next to the layer's matrix products at batch 1 and 8 (what the dequantized weight is for). For
+the KV cache, decodes fold the scale into the scores and the output (``placed, scale folded``).
 
     PYTHONPATH=src python benchmarks/fp8_dequant.py [--model small] [--dtype bfloat16] [--threads 1]
 
@@ -123,7 +124,8 @@ def main() -> None:
     k_scale = 0.02
     kv_methods = [("torch .to()", lambda: k_out.copy_(k).mul_(k_scale)),
                   ("float16 layout", lambda: fp8_to_down(k, dtype, k_out).mul_(k_scale * 256)),
-                  ("placed", lambda: fp8_placed(k, dtype, k_out).mul_(k_scale * 2.0**120))]
+                  ("placed", lambda: fp8_placed(k, dtype, k_out).mul_(k_scale * 2.0**120)),
+                  ("placed, scale folded", lambda: fp8_placed(k, dtype, k_out))]  # what decodes do
     for label, fn in kv_methods:
         rows.append({"what": f"one layer's K, {args.kv_batch} x {args.kv_context} tokens", "method": label,
                      "ms": timed(fn, args.repeats)})

@@ -9,6 +9,19 @@ knee (the most concurrent chats inside the SLO) on the ``long-session`` profile,
 bench's own sweep. vLLM's CPU build runs with ``--kv-cache-dtype fp8`` and bf16 weights at the
 same budget (it has no CPU path for FP8 block-quantized weights).
 
+Why this budget: on ``small`` the weights dominate (bf16: 60 MiB; KV: 4 KiB a token), so a
+budget of bf16 weights plus 2,048 tokens makes the KV pool what binds for bf16: its knee is
+where the long-session chats (400-1,500 tokens each) stop fitting and the prefix-cache hit
+rate falls (each point's hit rate, TTFT and ITL p95 are printed and kept in the JSON). FP8
+weights free 23 MiB of that budget for KV, so FP8 KV + weights holds ~7.7x the tokens and
+becomes compute-bound instead. 32-bit weights alone exceed the budget: that row says so.
+
+Activations: every configuration computes in bfloat16. On CPUs with AVX512-BF16 (this one)
+bf16 is the fast dtype, and it is what a serving engineer would pick for FP8 weights too:
+``runner_step.py --dtype float32 --kv-cache-dtype fp8 --quantization fp8`` is a little faster
+at batch 1 but slower from batch 8 on (the batches a knee is made of), and bf16 KV/weights
+in the bf16 row make the comparison one of storage precision alone.
+
     PYTHONPATH=src python benchmarks/precision.py [--model small] [--budget-mib N] [--skip-vllm]
 
 Prints a table; writes benchmarks/results/precision.json. The machine is shared: compare

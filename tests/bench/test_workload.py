@@ -107,3 +107,24 @@ def test_distribution_clamps_and_unknown_profile():
     assert all(0 <= d.sample(rng) <= 20 for _ in range(200))
     with pytest.raises(ConfigError, match="valid: seed-roleplay, cpu-roleplay"):
         get_profile("nope")
+
+
+def test_pause_override_changes_only_the_mean_of_the_pauses():
+    from chatfleet.bench.demo import DemoConfig
+    from chatfleet.bench.dists import make, with_mean
+
+    base = get_profile("long-session")
+    profile = DemoConfig(pause_mean_s=8.0).workload_profile()
+    assert profile.think_time_s == with_mean(base.think_time_s, 8.0)
+    assert dict(profile.think_time_s.params)["sigma"] == dict(base.think_time_s.params)["sigma"]
+    assert (profile.think_time_s.min, profile.think_time_s.max) == (base.think_time_s.min, base.think_time_s.max)
+    assert profile.card_tokens == base.card_tokens and profile.turns == base.turns
+    rng = random.Random(0)
+    pauses = [profile.think_time_s.sample(rng) for _ in range(4000)]
+    assert 6.5 < np.mean(pauses) < 8.5  # the clamp at max=60 trims the lognormal's tail a little
+    assert DemoConfig().workload_profile() is base
+    assert "mean pause 8 s" in DemoConfig(pause_mean_s=8.0).describe_profile()
+    with pytest.raises(ConfigError, match="> 0"):
+        DemoConfig(pause_mean_s=0.0)
+    with pytest.raises(ConfigError, match="no mean"):
+        with_mean(make("uniform", low=1, high=2), 3.0)

@@ -31,7 +31,8 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.sweep import Bench, PointResult, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.techniques import TECHNIQUES, EngineArgs, TechniqueSettings, engine_args
-from chatfleet.bench.workload import get_profile
+from chatfleet.bench.dists import with_mean
+from chatfleet.bench.workload import WorkloadProfile, get_profile
 from chatfleet.errors import ConfigError
 
 
@@ -39,6 +40,7 @@ from chatfleet.errors import ConfigError
 class DemoConfig:
     model: str = "small"
     profile: str = "long-session"
+    pause_mean_s: float | None = None  # the profile's mean pause between turns; None: as it ships
     slo: str = "ttft_p95<=1s,itl_p95<=200ms"
     peak_chats: int = 2200
     headroom: float = 0.0
@@ -65,6 +67,20 @@ class DemoConfig:
             raise ConfigError("threads, peak chats and repeats must be >= 1, max points >= 2")
         if self.kv_cache_tokens < 64:
             raise ConfigError("the device KV budget must be at least 64 tokens")
+        if self.pause_mean_s is not None:
+            self.workload_profile()  # validates the override against the profile's distribution
+
+    def workload_profile(self) -> WorkloadProfile:
+        """The named profile, with its mean pause between turns replaced when one is given."""
+        profile = get_profile(self.profile)
+        if self.pause_mean_s is None:
+            return profile
+        if self.pause_mean_s <= 0:
+            raise ConfigError("the mean pause between turns must be > 0 seconds")
+        return profile.with_overrides(think_time_s=with_mean(profile.think_time_s, self.pause_mean_s))
+
+    def describe_profile(self) -> str:
+        return self.profile + ("" if self.pause_mean_s is None else f" (mean pause {self.pause_mean_s:g} s)")
 
     def engine_args(self) -> dict[str, EngineArgs]:
         pool = ("--kv-cache-tokens", str(self.kv_cache_tokens))
@@ -96,7 +112,7 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
         load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
         proto = RunProtocol(url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind=series.server_kind)
-        make, _ = WorkloadSource(get_profile(cfg.profile), cfg.model).factory()
+        make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()
         spec = SweepSpec(cfg.start, cfg.max_level, 2.0, 1.0, cfg.max_points)
 
         async def go() -> SweepResult:
@@ -127,7 +143,7 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     path = resolve_model(cfg.model)
     budget = kv_budget_bytes(path, cfg.kv_cache_tokens)
     series = demo_series(cfg, path)
-    con.print(f"model [bold]{cfg.model}[/] at {path}; workload {cfg.profile}; SLO {cfg.slo}")
+    con.print(f"model [bold]{cfg.model}[/] at {path}; workload {cfg.describe_profile()}; SLO {cfg.slo}")
     con.print(f"device KV budget for every series: [bold]{cfg.kv_cache_tokens:,} tokens[/] "
               f"({budget / 2**20:.1f} MiB at float32); {cfg.repeats} repeats per load point")
     tuned = cfg.engine_args()["tuned"]

@@ -92,6 +92,13 @@ def make(kind: str, min: float | None = None, max: float | None = None, **params
     return Dist(kind, tuple((k, float(v)) for k, v in params.items()), min, max)
 
 
+def with_mean(dist: Dist, mean: float) -> Dist:
+    """``dist`` with its ``mean`` parameter replaced (same kind, spread and clamps)."""
+    if "mean" not in dict(dist.params):
+        raise ConfigError(f"a {dist.kind} distribution has no mean to set")
+    return Dist(dist.kind, tuple((k, float(mean) if k == "mean" else v) for k, v in dist.params), dist.min, dist.max)
+
+
 _SPEC = re.compile(r"\s*([a-z_]+)\s*(?:\((.*)\))?\s*")
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatfleet.engine.models.fp8_cast import FP8_DOWN, fp8_dequantize, fp8_placed, fp8_to_down, placed_down
+from chatfleet.engine.models.fp8_cast import (E4M3_MIN_NORMAL, FP8_DOWN, fp8_dequantize, fp8_placed, fp8_to_down,
+                                              placed_down, to_e4m3_normal)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
@@ -49,3 +50,18 @@ def test_dequantize_rounds_like_torch(dtype, scale):
 def test_placement_rejects_other_dtypes():
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         fp8_placed(CODES, torch.int32)
+
+
+def test_normal_only_rounding_leaves_no_subnormal_code():
+    """Every finite e4m3 value and the midpoints between them: normal values round as PyTorch
+    rounds them; magnitudes under 2**-6 go to 0 or +-2**-6, whichever is nearer."""
+    values = WANT[FINITE].sort().values
+    y = torch.cat([values, (values[1:] + values[:-1]) / 2, torch.tensor([0.001, -0.005, 0.0079, -0.0117])])
+    got = to_e4m3_normal(y)
+    bits = got.view(torch.uint8)
+    assert not bool((((bits & 0x78) == 0) & ((bits & 0x07) != 0)).any())
+    normal = y.abs() >= E4M3_MIN_NORMAL
+    assert torch.equal(got.float()[normal], y[normal].to(torch.float8_e4m3fn).float())
+    tiny = ~normal
+    nearest = torch.where(y[tiny].abs() >= E4M3_MIN_NORMAL / 2, y[tiny].sign() * E4M3_MIN_NORMAL, 0.0)
+    assert torch.equal(got.float()[tiny].abs(), nearest.abs())

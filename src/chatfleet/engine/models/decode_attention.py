@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from chatfleet.engine.models.fp8_cast import fp8_dequantize
+from chatfleet.engine.models.fp8_cast import fp8_placed, placed_down
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
 DECODE_PAD_LIMIT = 2048  # padded tokens a group may carry (a group costs about 1,000 tokens' work)
@@ -106,11 +106,19 @@ def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], 
     return groups
 
 
-def _dequantized(raw: torch.Tensor, scale: float, dtype: torch.dtype, workspace: Workspace | None,
-                 name: str) -> torch.Tensor:
-    """FP8 cache rows times the layer's ``scale``, in ``dtype``."""
+def _placed(raw: torch.Tensor, dtype: torch.dtype, workspace: Workspace | None, name: str) -> torch.Tensor:
+    """FP8 cache rows' bits placed into ``dtype``: the value divided by ``placed_down(dtype)``
+    (the caller folds that and the layer's scale into the scores or the output: no pass over
+    the rows scales them)."""
     out = workspace.get(name, tuple(raw.shape), dtype, raw.device) if workspace is not None else None
-    return fp8_dequantize(raw, scale, dtype, out)
+    return fp8_placed(raw, dtype, out)
+
+
+def _up(dtype: torch.dtype) -> float:
+    """What the other factor of a product with placed FP8 rows is scaled up by: placed values
+    are tiny (2**-120 times the value in bf16 and float32) and matrix kernels flush products
+    under the smallest normal to zero. The cache holds no subnormal codes (``quantize_fp8``)."""
+    return 2.0**64 if placed_down(dtype) > 2.0**64 else 1.0
 
 
 def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: DecodeGroup,
@@ -121,8 +129,11 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     group = num_heads // num_kv_heads
     # [Hkv, d * max_blocks, block, D] -> [Hkv * d, span, D]: a view, no further copy.
     k = gather_blocks(key, g.block_ids, workspace, "k").view(num_kv_heads * d, g.span, head_dim)
-    if k.dtype != q.dtype:  # an FP8 cache
-        k = _dequantized(k, k_scale, q.dtype, workspace, "k_dq")
+    if k.dtype != q.dtype:  # an FP8 cache: its K scale and the placement fold into the score scale
+        k = _placed(k, q.dtype, workspace, "k_dq")
+        up = _up(q.dtype)
+        q = q * up
+        scale = scale * k_scale * placed_down(q.dtype) / up
     # q heads h * group .. h * group + group - 1 share kv head h.
     qg = q.view(d, num_kv_heads, group, head_dim).transpose(0, 1).reshape(num_kv_heads * d, group, head_dim)
     bias = g.bias(num_kv_heads)
@@ -142,8 +153,10 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
                                         per_sample_weights=weights).view(d, group, head_dim)
         return out.view(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
-    if v.dtype != q.dtype:  # an FP8 cache
-        out = torch.bmm(probs, _dequantized(v, v_scale, q.dtype, workspace, "v_dq"))
+    if v.dtype != q.dtype:  # an FP8 cache: its V scale and the placement, once on the output
+        up = _up(q.dtype)
+        out = torch.bmm(probs.mul_(up), _placed(v, q.dtype, workspace, "v_dq"))
+        out.mul_(v_scale * placed_down(q.dtype) / up)
     else:
         out = torch.bmm(probs, v)  # [Hkv * d, group, D]
     return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)

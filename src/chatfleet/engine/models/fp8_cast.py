@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 FP8_DOWN = 256.0  # fp8_to_down returns the value divided by this (a power of two: exact)
+E4M3_MIN_NORMAL = 2.0**-6
 
 # dtype -> (same-width integer dtype, left shift of the sign-extended code, mask keeping the
 # sign bit and the 7 placed bits, power of two the placed value is divided by).
@@ -81,3 +82,12 @@ def fp8_to_down(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = 
     if out is None:
         return half.to(dtype)
     return out.copy_(half)
+
+
+def to_e4m3_normal(y: torch.Tensor) -> torch.Tensor:
+    """``y`` (float32, within +-448) as e4m3 without subnormal codes: magnitudes under the
+    smallest normal (2**-6, 1/28,672 of the largest) round to 0 or 2**-6, so products with
+    ``fp8_placed`` values never meet a subnormal input (the FP8 KV cache is written so)."""
+    a = y.abs()
+    snapped = torch.where(a >= E4M3_MIN_NORMAL / 2, y.sign() * E4M3_MIN_NORMAL, 0.0)
+    return torch.where(a < E4M3_MIN_NORMAL, snapped, y).to(torch.float8_e4m3fn)

@@ -12,18 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
-from chatfleet.engine.models.fp8_cast import fp8_dequantize
+from chatfleet.engine.models.fp8_cast import fp8_dequantize, to_e4m3_normal
 from chatfleet.engine.models.fp8_format import E4M3_MAX
 
 FP8 = torch.float8_e4m3fn
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """``clamp(x / scale, +-448)`` as e4m3 (computed in float32: one rounding, to FP8)."""
+    """``clamp(x / scale, +-448)`` as e4m3 (computed in float32: one rounding, to FP8), never a
+    subnormal code (``to_e4m3_normal``: decode attention multiplies the placed bits directly)."""
     y = x.float()
     if scale != 1.0:
         y = y / scale
-    return y.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return to_e4m3_normal(y.clamp_(-E4M3_MAX, E4M3_MAX))
 
 
 def dequantize_fp8(q: torch.Tensor, scale: float, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
