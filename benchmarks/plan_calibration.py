@@ -143,14 +143,14 @@ def main() -> None:
     ap.add_argument("--max", type=float, default=48)
     ap.add_argument("--growth", type=float, default=2.0)
     ap.add_argument("--resolution", type=float, default=2.0, help="the sweep step: bisect to this many chats")
-    ap.add_argument("--max-points", type=int, default=7)
+    ap.add_argument("--max-points", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lock", default=None, help="take this flock around each measured sweep")
     ap.add_argument("--measured", type=Path, default=None, help="reuse measured-{A,B,C}.json from this folder")
     ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/plan_calibration"))
     args = ap.parse_args()
-    con = Console()
+    con = Console(width=150)
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -180,7 +180,6 @@ def main() -> None:
               f"{eff.memory:.3g}, step overhead {eff.step_overhead_ms:.3g} ms (rms log error {fit.error ** 0.5:.3f})")
 
     rows, detail = [], {}
-    step = args.resolution
     for cfg in CONFIGS:
         m = read_measured(measured_docs[cfg.name])
         plan = replica_plan(model_cfg, cpu, cfg.serving(), efficiency=eff)
@@ -191,17 +190,19 @@ def main() -> None:
         detail[cfg.name] = {"measured": {str(k): v for k, v in m.metrics.items()},
                             "simulated": {str(k): v for k, v in levels.items()},
                             "predicted_levels": {f"{p.level:g}": p.passed for p in pred.points}}
-        ok = m.knee is not None and pred.knee is not None and abs(pred.knee - m.knee) <= step
+        passed = _passed(measured_docs[cfg.name])
+        step = _step(passed, m.knee)
+        ok = m.knee is not None and pred.knee is not None and step is not None and abs(pred.knee - m.knee) <= step
         rows.append({"config": cfg.name, "role": cfg.role, "engine_args": cfg.describe(), "measured_knee": m.knee,
                      "predicted_knee": pred.knee, "within_one_step": ok, "sweep_step": step,
-                     "measured_levels": {f"{lv:g}": p for lv, p in _passed(measured_docs[cfg.name]).items()},
+                     "measured_levels": {f"{lv:g}": p for lv, p in passed.items()},
                      "simulate_s": sim_s})
 
-    con.print(f"\nknee (live chats within {args.slo}), sweep step {step:g} chats; calibrated on A")
-    con.print(f"{'config':<6} {'engine flags':<62} {'measured':>8} {'predicted':>9} {'within a step':>13}")
+    con.print(f"\nknee (live chats within {args.slo}); calibrated on A; step: the measured sweep's last bracket")
+    con.print(f"{'config':<6} {'engine flags':<62} {'measured':>8} {'predicted':>9} {'step':>5} {'within':>6}")
     for r in rows:
         con.print(f"{r['config']:<6} {r['engine_args']:<62} {_k(r['measured_knee']):>8} {_k(r['predicted_knee']):>9}"
-                  f" {'yes' if r['within_one_step'] else 'NO':>13}", highlight=False)
+                  f" {_k(r['sweep_step']):>5} {'yes' if r['within_one_step'] else 'NO':>6}", highlight=False)
     con.print("\nlatencies at the measured levels (ms): measured / simulated")
     for name, d in detail.items():
         for level, mv in d["measured"].items():
@@ -221,6 +222,14 @@ def main() -> None:
 def _passed(doc: dict) -> dict[float, bool]:
     series = next(iter(doc["series"].values()))
     return {float(p["level"]): bool(p["passed"]) for p in series["points"]}
+
+
+def _step(passed: dict[float, bool], knee: float | None) -> float | None:
+    """The sweep's step at the knee: from the knee to the lowest failing level above it."""
+    above = [lv for lv, ok in passed.items() if not ok and (knee is None or lv > knee)]
+    if knee is None or not above:
+        return None
+    return min(above) - knee
 
 
 def _k(x) -> str:

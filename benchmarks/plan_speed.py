@@ -7,6 +7,7 @@ real scheduler, KV manager and engine loop run every step. A shorter ``--minutes
 simulated and the rate extrapolated (both are printed). Writes JSON under benchmarks/results/.
 
     python benchmarks/plan_speed.py --minutes 5 --token-scale 1 8
+    python benchmarks/plan_speed.py --minutes 60 --token-scale 1 --decode-spans on off   # side by side
 
 Each token scale runs the same traffic (``--token-scale 8``: coarse time, see plan/cost_model.py);
 latency percentiles and the hit rate are printed beside the speed to show what coarsening costs.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from chatfleet.bench.loops import LoadSpec
@@ -40,6 +42,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0, help="simulated minutes to run")
     ap.add_argument("--gpu", default="H100")
     ap.add_argument("--token-scale", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--decode-spans", nargs="+", default=["on"], choices=["on", "off"],
+                    help="run decode-only steps many at once (plan/decode_span.py; same results) or one by one")
     ap.add_argument("--out", default="benchmarks/results/plan_speed.json")
     args = ap.parse_args()
     gpu = load_catalog().get(args.gpu)
@@ -48,11 +52,12 @@ def main() -> None:
     load = LoadSpec("open", args.chats / 3600.0, duration_s=args.minutes * 60, warmup_s=0.0, drain_timeout_s=0.0)
     sim_s = args.minutes * 60
     rows = []
-    print(f"{'scale':>5} {'simulated':>9} {'wall':>7} {'cpu':>7} {'requests':>8} {'out tokens':>10}"
+    print(f"{'scale':>5} {'spans':>5} {'simulated':>9} {'wall':>7} {'cpu':>7} {'requests':>8} {'out tokens':>10}"
           f" {'cpu per sim hour':>16} {'ttft p50/p99 ms':>16} {'itl p50/p99 ms':>15} {'hit rate':>8}")
-    for k in args.token_scale:
+    for k, spans in [(k, s) for k in args.token_scale for s in args.decode_spans]:
         plan = replica_plan(QWEN3_8B, gpu, ServingConfig(budget_bytes=int(0.9 * gpu.memory_bytes) - 2**30,
                                                          scheduler=SchedulerConfig(max_running=512)), token_scale=k)
+        plan = replace(plan, decode_spans=spans == "on")
         t, c = time.perf_counter(), time.process_time()
         res = simulate_point(sim_protocol(load, parse_slo("ttft_p99<=2s")), load.level,
                              lambda seed: Workload(profile, seed, counter), plan)
@@ -60,13 +65,13 @@ def main() -> None:
         run = res.points[0].runs[0]
         lat = run.summary.latency
         tokens = sum(r.output_tokens for r in run.records)
-        row = {"token_scale": k, "chats_per_hour": args.chats, "simulated_s": sim_s, "wall_s": wall, "cpu_s": cpu,
+        row = {"token_scale": k, "decode_spans": spans, "chats_per_hour": args.chats, "simulated_s": sim_s, "wall_s": wall, "cpu_s": cpu,
                "requests": len(run.records), "conversations": run.conversations, "output_tokens": tokens,
                "cpu_s_per_simulated_hour": cpu * 3600 / sim_s, "wall_s_per_simulated_hour": wall * 3600 / sim_s,
                "ttft_p50": lat["ttft"]["p50"], "ttft_p99": lat["ttft"]["p99"], "itl_p50": lat["itl"]["p50"],
                "itl_p99": lat["itl"]["p99"], "hit_rate": run.summary.hit_rate, "gpu": gpu.name}
         rows.append(row)
-        print(f"{k:>5} {sim_s:>8.0f}s {wall:>6.1f}s {cpu:>6.1f}s {len(run.records):>8} {tokens:>10,}"
+        print(f"{k:>5} {spans:>5} {sim_s:>8.0f}s {wall:>6.1f}s {cpu:>6.1f}s {len(run.records):>8} {tokens:>10,}"
               f" {cpu * 3600 / sim_s:>15,.0f}s {lat['ttft']['p50'] * 1e3:>7.0f}/{lat['ttft']['p99'] * 1e3:<8.0f}"
               f" {lat['itl']['p50'] * 1e3:>6.1f}/{lat['itl']['p99'] * 1e3:<8.1f} {run.summary.hit_rate or 0:>8.1%}")
     out = Path(args.out)

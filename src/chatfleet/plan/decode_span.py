@@ -84,10 +84,11 @@ class DecodeSpan:
                 return None
             outputs = len(r.output_token_ids)
             finish = min(p.max_tokens - outputs, s.max_model_len - r.num_tokens) - 1
+            if finish <= 0:
+                return None  # it finishes in the next step
             last = r.output_token_ids[-1] if outputs else r.prompt_token_ids[-1]
             lanes.append(Lane(r, r.num_computed_tokens, outputs, last, finish))
-        span = cls(engine, runner, lanes, decode_cost, charge)
-        return span if span.horizon > 0 else None
+        return cls(engine, runner, lanes, decode_cost, charge)
 
     @property
     def num_steps(self) -> int:

@@ -166,6 +166,8 @@ class SimReplica:
                         rec.first_token_s = first - p.t0
                         rec.ttft_s = first - p.intended
                         rec.itl_s.extend([0.0] * (n - 1) if k == 1 else [part] * (n * k - 1))
+                    elif k == 1 and n == 1:
+                        rec.itl_s.append(cost if p.last == start else now - p.last)
                     elif k == 1:
                         rec.itl_s.extend([cost if p.last == start else (now - p.last) / n] * n)
                     else:

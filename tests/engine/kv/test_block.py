@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from chatfleet.engine.kv.block import KVBlock, extend_block_hashes, hash_block
 
 BS = 4
@@ -48,3 +50,13 @@ def test_block_history_counts_uses_and_session_changes():
     assert b.hint().is_shared and b.hint().session_id == "b"
     b.reset_history()
     assert b.num_uses == 0 and b.session_id is None
+
+
+def test_extending_from_a_later_block_gives_the_same_chain():
+    tokens = list(range(100, 140))
+    whole = extend_block_hashes([], tokens, BS, "salt")
+    part = extend_block_hashes([], tokens[:9], BS, "salt")  # two blocks (the ninth token waits)
+    extend_block_hashes(part, tokens[2 * BS :], BS, "salt", first_block=2)  # only the rest passed
+    assert part == whole
+    with pytest.raises(ValueError):
+        extend_block_hashes([], tokens[BS:], BS, first_block=1)  # would skip block 0

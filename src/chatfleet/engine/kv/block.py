@@ -53,17 +53,22 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: t
 
 
 def extend_block_hashes(
-    hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, salt: str | None = None
+    hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, salt: str | None = None,
+    *, first_block: int = 0,
 ) -> list[BlockHash]:
     """Append (in place) the hashes of the full blocks of ``token_ids`` not yet in ``hashes``.
 
-    ``token_ids`` starts at position 0; only blocks past ``len(hashes)`` are hashed, so a growing
+    ``token_ids`` starts at position ``first_block * block_size`` (0 by default, at most
+    ``len(hashes)`` blocks on); only blocks past ``len(hashes)`` are hashed, so a growing
     request pays for each block once.
     """
-    for i in range(len(hashes), len(token_ids) // block_size):
+    if first_block > len(hashes):
+        raise ValueError(f"tokens from block {first_block} cannot extend {len(hashes)} hashes")
+    for i in range(len(hashes), first_block + len(token_ids) // block_size):
         parent = hashes[-1] if hashes else None
         extra = (salt,) if (i == 0 and salt is not None) else ()
-        hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra))
+        j = i - first_block
+        hashes.append(hash_block(parent, token_ids[j * block_size : (j + 1) * block_size], extra))
     return hashes
 
 

@@ -94,9 +94,17 @@ class KVManager:
     def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The request's hashes of at least its first ``num_blocks`` full blocks (cached on it)."""
         hashes = request.block_hashes
-        if len(hashes) < num_blocks:
-            tokens = request.all_token_ids[: num_blocks * self.block_size]
-            extend_block_hashes(hashes, tokens, self.block_size, request.cache_salt)
+        if len(hashes) < num_blocks:  # only the tokens of the blocks still to hash
+            bs = self.block_size
+            start, end = len(hashes) * bs, num_blocks * bs
+            prompt, p = request.prompt_token_ids, request.num_prompt_tokens
+            if end <= p:
+                tokens = prompt[start:end]
+            elif start >= p:
+                tokens = request.output_token_ids[start - p : end - p]
+            else:
+                tokens = prompt[start:] + request.output_token_ids[: end - p]
+            extend_block_hashes(hashes, tokens, bs, request.cache_salt, first_block=len(hashes))
         return hashes
 
     def match_prefix(self, request: Request) -> MatchResult:
