@@ -144,6 +144,14 @@ def measure(series: SeriesSpec, args, log_dir: Path) -> dict:
     return out
 
 
+def knee_text(row: dict) -> str:
+    """The knee as the table shows it: ``>=N`` where the sweep reached its ceiling still inside the SLO."""
+    knee = row.get("knee")
+    if knee is None:
+        return "-"
+    return f"{'>=' if not row.get('knee_reached', True) else ''}{knee:g}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="small")
@@ -215,7 +223,7 @@ def main() -> None:
         knee_x = knee / base["knee"] if knee is not None and base.get("knee") else None
         print(f"{r['precision']:<22}{r['weight_mib']:>12.1f}{r['pool_tokens']:>11,}{pool_x:>8.2f}"
               + "".join(f"{tps.get(str(s), float('nan')):>11.1f}" for s in args.streams)
-              + f"{knee if knee is not None else '-':>7}{(f'{knee_x:.2f}' if knee_x else '-'):>8}")
+              + f"{knee_text(r):>7}{(('>=' if not r.get('knee_reached', True) else '') + f'{knee_x:.2f}' if knee_x else '-'):>8}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "precision.json"
     path.write_text(json.dumps({"model": args.model, "budget_bytes": budget, "profile": args.profile,
