@@ -35,15 +35,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from chatfleet.bench import console as ui
-from chatfleet.bench.client import ClientConfig
+from chatfleet.bench.demo import DemoConfig, sweep_series
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_json
-from chatfleet.bench.servers import SeriesSpec, start_server
+from chatfleet.bench.servers import SeriesSpec
 from chatfleet.bench.slo import parse_slo
-from chatfleet.bench.sources import WorkloadSource, run_async
-from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
+from chatfleet.bench.sources import WorkloadSource
+from chatfleet.bench.sweep import SweepSpec
 from chatfleet.bench.techniques import EngineArgs
+from chatfleet.bench.tokens import load_counter
 from chatfleet.bench.workload import get_profile
 from chatfleet.engine.config import SchedulerConfig, parse_memory_size
 from chatfleet.plan.calibrate import fit_efficiency, read_measured
@@ -103,34 +103,32 @@ def measurement_lock(path: str | None):
 def measure(cfg: Config, args, out_dir: Path, con: Console) -> dict:
     """One real sweep of ``cfg`` (engine started and stopped here); returns its result document."""
     series = SeriesSpec.chatfleet(cfg.name, MODEL, EngineArgs(cfg.engine_args(), (), ()), args.threads)
-    con.print(f"[bold]{cfg.name}[/] ({cfg.role}): {series.describe()}")
-    with measurement_lock(args.lock), start_server(series, out_dir) as url:
-        proto = RunProtocol(url, LoadSpec("closed", 1, duration_s=args.duration, warmup_s=args.warmup),
-                            parse_slo(args.slo), repeats=1, base_seed=args.seed)
-        make, counter = WorkloadSource(get_profile(args.profile), MODEL).factory()
-
-        async def go():
-            b = Bench(proto, ClientConfig(model=MODEL), make, ui.ProgressObserver(con, f"{cfg.name} "))
-            try:
-                return await sweep(b, sweep_spec(args))
-            finally:
-                await b.close()
-
-        t = time.monotonic()
-        res = run_async(go())
-        con.print(f"{cfg.name}: measured knee {res.knee} ({time.monotonic() - t:.0f} s)")
+    con.print(f"[bold]{cfg.name}[/] ({cfg.role})")
+    sweep_cfg = sweep_config(args, out_dir)
+    t = time.monotonic()
+    with measurement_lock(args.lock):
+        res = sweep_series(sweep_cfg, series, con)
+    con.print(f"{cfg.name}: measured knee {res.knee} ({time.monotonic() - t:.0f} s)")
     settings = {"argv": sys.argv[1:], "model": MODEL, "engine_args": list(cfg.engine_args()), "threads": args.threads,
-                "profile": asdict(get_profile(args.profile)), "tokenizer": counter.name,
+                "profile": asdict(get_profile(args.profile)), "tokenizer": load_counter(MODEL).name,
                 "protocol": {"load": {"duration_s": args.duration, "warmup_s": args.warmup}, "slo": args.slo,
                              "base_seed": args.seed},
-                "sweep": asdict(sweep_spec(args))}
+                "sweep": asdict(sweep_cfg.sweep_spec())}
     doc = result_document("sweep", settings, {cfg.name: sweep_to_dict(res)})
     write_json(doc, out_dir / f"measured-{cfg.name}.json")
     return doc
 
 
+def sweep_config(args, out_dir: Path) -> DemoConfig:
+    """The measured sweeps' protocol (one repeat per point), as the demo and capacity.py run theirs."""
+    return DemoConfig(model=MODEL, profile=args.profile, slo=args.slo, threads=args.threads,
+                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max,
+                      growth=args.growth, resolution=args.resolution, max_points=args.max_points, repeats=1,
+                      seed=args.seed, out_dir=out_dir)
+
+
 def sweep_spec(args) -> SweepSpec:
-    return SweepSpec(args.start, args.max, args.growth, args.resolution, args.max_points)
+    return sweep_config(args, args.out_dir).sweep_spec()
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
+from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.knee import knee_spread
 from chatfleet.bench.loops import LoadSpec
@@ -31,7 +32,6 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.sweep import Bench, PointResult, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.techniques import TECHNIQUES, EngineArgs, TechniqueSettings, engine_args
-from chatfleet.bench.dists import with_mean
 from chatfleet.bench.workload import WorkloadProfile, get_profile
 from chatfleet.errors import ConfigError
 
@@ -51,6 +51,8 @@ class DemoConfig:
     start: int = 4
     max_level: int = 64
     max_points: int = 4
+    growth: float = 2.0  # between load levels until the SLO breaks
+    resolution: float = 1.0  # then bisect until the bracket is this narrow (chats)
     repeats: int = 2
     seed: int = 0
     parallel: bool = False  # every series at once (threads each); default: one after the other
@@ -69,6 +71,7 @@ class DemoConfig:
             raise ConfigError("the device KV budget must be at least 64 tokens")
         if self.pause_mean_s is not None:
             self.workload_profile()  # validates the override against the profile's distribution
+        self.sweep_spec()  # validates the sweep's shape (growth, resolution)
 
     def workload_profile(self) -> WorkloadProfile:
         """The named profile, with its mean pause between turns replaced when one is given."""
@@ -78,6 +81,9 @@ class DemoConfig:
         if self.pause_mean_s <= 0:
             raise ConfigError("the mean pause between turns must be > 0 seconds")
         return profile.with_overrides(think_time_s=with_mean(profile.think_time_s, self.pause_mean_s))
+
+    def sweep_spec(self) -> SweepSpec:
+        return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points)
 
     def describe_profile(self) -> str:
         return self.profile + ("" if self.pause_mean_s is None else f" (mean pause {self.pause_mean_s:g} s)")
@@ -113,7 +119,7 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
         proto = RunProtocol(url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind=series.server_kind)
         make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()
-        spec = SweepSpec(cfg.start, cfg.max_level, 2.0, 1.0, cfg.max_points)
+        spec = cfg.sweep_spec()
 
         async def go() -> SweepResult:
             b = Bench(proto, ClientConfig(model=series.request_model), make,
