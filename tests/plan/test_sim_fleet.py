@@ -66,3 +66,45 @@ def test_cli_plan_fleet_compares_with_the_naive_size():
                                    "--max-extra", "1"])
     assert res.exit_code == 0, res.output
     assert "peak / chats per replica = 2" in res.output
+
+
+def test_decode_spans_change_nothing_in_a_fleet(monkeypatch):
+    """A fleet's replicas interleave their steps on one loop; a span stays open across the other
+    replicas' steps (and arrivals elsewhere), finishes requests and evicts cached blocks itself:
+    every record (times, gaps, hits) and the routing must be the same with spans off."""
+    from dataclasses import replace
+
+    from chatfleet.plan.decode_span import DecodeSpan
+
+    seen = {"steps": 0, "finishes": 0, "evictions": 0}
+    step = DecodeSpan.step
+
+    def counting_step(self):
+        before = self.kv.pool.num_evictions
+        cost = step(self)
+        if cost is not None:
+            seen["steps"] += 1
+            seen["finishes"] += len(self.finished)
+            seen["evictions"] += self.kv.pool.num_evictions - before
+        return cost
+
+    monkeypatch.setattr(DecodeSpan, "step", counting_step)
+    cfg, _ = read_model_config("small")
+    plan = replica_plan(cfg, load_catalog().get("cpu"), ServingConfig(weights="fp32", kv_cache_tokens=1536,
+                                                                      scheduler=SchedulerConfig(max_running=6)))
+    proto = sim_protocol(LoadSpec("closed", 12, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=5s"))
+
+    def run(spans: bool):
+        clock = VirtualClock()
+        bench = FleetBench(proto, _make, replace(plan, decode_spans=spans), clock, 3)
+        point = run_virtual(bench.run_point(12.0), clock)
+        records = [(r.conv_id, r.turn, r.status, r.sent_s, r.first_token_s, r.end_s, r.ttft_s, tuple(r.itl_s),
+                    r.cached_tokens, r.prompt_tokens, r.output_tokens) for r in point.runs[0].records]
+        return records, bench.fleet_stats[12.0], clock.now
+
+    with_spans = run(True)
+    counted = dict(seen)
+    assert len(with_spans[0]) > 60 and counted["steps"] > 300, counted
+    assert counted["finishes"] > 10 and counted["evictions"] > 0, counted
+    assert with_spans == run(False)
+    assert seen == counted  # spans off: no span ran

@@ -217,13 +217,18 @@ class Engine:
         processed = self.output_processor.process(updates)
         for hit in processed.stopped:
             self.scheduler.finish_request(hit.request_id, RequestStatus.FINISHED_STOPPED)
-        for out in processed.outputs:
+        self.note_outputs(processed.outputs)
+        return processed.outputs
+
+    def note_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Count a step's outputs in the engine's stats (``step()``, and the planner's steps run
+        outside it: ``plan/decode_span.py``)."""
+        for out in outputs:
             self._generation_tokens += len(out.new_token_ids)
             if out.num_output_tokens == len(out.new_token_ids):
                 self._prompt_tokens += out.num_prompt_tokens  # first output of the request
             if out.finished:
                 self._num_finished += 1
-        return processed.outputs
 
     def count_generated(self, num_tokens: int) -> None:
         """Output tokens produced outside ``step()`` (the planner's many-steps-at-once decode)."""

@@ -107,6 +107,11 @@ class Scheduler:
         self._finished_ids.append(request_id)
         return request
 
+    def take_finished_ids(self) -> list[str]:
+        """The ids finished since the last plan, which the next plan names (and forgets)."""
+        finished, self._finished_ids = self._finished_ids, []
+        return finished
+
     def defer_finished(self, request_ids: list[str]) -> None:
         """Hand finished ids of a plan that was not executed to the next plan."""
         self._finished_ids[:0] = request_ids
@@ -141,8 +146,7 @@ class Scheduler:
         if not preempted:
             budget = self._admit_waiting(budget, chunks)
 
-        finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(chunks, preempted, finished, self.kv.take_transfers())
+        return SchedulerOutput(chunks, preempted, self.take_finished_ids(), self.kv.take_transfers())
 
     def _admit_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> int:
         """Admit waiting requests in the policy's order while budget and memory last. A request

@@ -1,93 +1,120 @@
-"""Many decode-only engine steps at once, with exactly the effects of stepping them one by one.
+"""Plain decode steps run by the planner itself, one at a time, with exactly the engine's effects.
 
-Between two arrivals most steps of a chat workload are alike: every running request computes
-one token, nothing waits, nothing finishes, and new blocks come from the free list. The plan of
-such a step is known without asking the scheduler (a one-token chunk per running request, in the
-running order), so a ``DecodeSpan`` applies several of them in one go, in the engine's own order
-of effects: each step's allocations (``KVManager.allocate``, running order), the sampled tokens
-(the fast runner's ``fast_token``), each filled block's registration (``KVManager.cache_computed``);
-then the requests' token lists, the engine's and runner's counters and the replica's records.
-Nothing else can happen in between: a span starts only where the scheduler itself would plan
-exactly that step (nothing waiting, no finished ids to report, every running request one token
-behind, forced lengths, no logprobs or penalties), and it ends before the first step that
-would finish a request, evict a cached block (a host-tier copy), or start at or after any other
-timer of the event loop (an arrival). The step costs are the cost model's own: its O(1)
-``decode_cost`` when it has one, else ``charge(plan)`` on the plan built here (and ``on_plan``
-sees each plan, so tests compare them with the engine's).
+Most steps of a chat workload are alike: every running request computes one token and nothing
+waits. The plan of such a step is known without asking the scheduler (a one-token chunk per
+running request, in the running order), so a ``DecodeSpan`` runs it directly, in the engine's
+own order of effects: the step's allocations (``KVManager.allocate``, running order), then per
+request in that order its filled block's registration (``KVManager.cache_computed``) and, for a
+request that reaches its length, the engine's own ``_check_stop``, output processor and counters.
+Everything else (tokens on the requests, the engine's and runner's counters) is written only at
+``commit``, so a step costs O(1) plus the few requests that fill a block or finish in it.
+
+A span stays open across steps: its owner calls ``step`` once per engine step, each at the
+step's own time on the event loop (other coroutines and replicas run in between exactly as
+before), checking ``still_plain()`` first (nothing added, aborted or waiting), and ``commit``s
+before anything else reads the requests (the scheduler's next real step). A span starts only
+where the scheduler itself would plan exactly that step (nothing waiting, every running request
+one token behind with a forced length, no logprobs, penalties or stop strings), and a step is
+refused (None) where its blocks are not there: without a host tier a block may come from evicting
+a cached one (``KVManager.allocate`` does it, at the step's time); with one, only from the empty
+list (an eviction would be a transfer in the plan). The step costs are the cost model's own: its
+O(1) ``decode_cost`` when it has one, else ``charge(plan)`` on the plan built here (tests compare
+those plans with the engine's).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.kv.manager import KVManager
-from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
-from chatfleet.engine.request import Request
+from chatfleet.engine.outputs import RequestOutput, ScheduledChunk, SchedulerOutput
+from chatfleet.engine.request import Request, RequestStatus
 from chatfleet.engine.runner.sim_runner import SimRunner
+from chatfleet.engine.scheduler import RequestUpdate
 
-_ALLOCATE, _REGISTER = 0, 1  # a step's effects in this order (schedule, then update)
 
-
-@dataclass
+@dataclass(eq=False)
 class Lane:
     """One running request in a span."""
 
+    index: int  # its place in the running order
     request: Request
-    start: int  # its computed tokens when the span began
+    start: int  # its computed tokens when the span began (step j computes position start + j)
     outputs: int  # its output tokens when the span began
     last_token: int  # the token the span's first step computes
-    finish_step: int  # the span step in which it would finish (never run here)
-    tokens: list[int] = field(default_factory=list)  # sampled in the span so far
-    committed: int = 0  # of ``tokens``, already on the request
+    finish_step: int  # the span step that samples its last token
+    tokens: list[int] = field(default_factory=list)  # sampled in the span (filled on demand)
+    committed: int = 0  # of ``tokens``, on the request
+    delivered: int = 0  # of ``tokens``, handed to the span's owner (its records)
+    alive: bool = True
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A lane whose last token the step sampled, and the engine's output for it."""
+
+    lane: Lane
+    step: int
+    output: RequestOutput
 
 
 class DecodeSpan:
-    """Start with ``open`` (None where the next step is not a plain decode step), then ``step``
-    while it returns a cost, ``commit`` to write the effects onto the requests."""
+    """``open`` (None where the next step is not a plain decode step), then per engine step:
+    ``still_plain()`` and ``step()`` (its cost, or None: not plain); ``commit`` at the end."""
 
     def __init__(self, engine: Engine, runner: SimRunner, lanes: list[Lane],
                  decode_cost: Callable[[int, int], float | None] | None,
                  charge: Callable[[SchedulerOutput], float] | None) -> None:
         self.engine, self.runner, self.lanes = engine, runner, lanes
+        self.scheduler = engine.scheduler
         self.kv = engine.kv
         self.block_size = self.kv.block_size
         self._decode_cost = decode_cost
         self._charge = charge  # builds plans (tests' on_plan, cost models without decode_cost)
-        self.sum_starts = sum(lane.start for lane in lanes)
-        self.horizon = min(lane.finish_step for lane in lanes)
+        self._evicts = self.kv.host is None  # an eviction without a host tier is no transfer
         self.costs: list[float] = []
-        self._counted = 0  # steps already added to the engine's and runner's counters
-        self._events: list[tuple[int, int, int]] = []
+        self.finished: list[Finish] = []  # lanes that finished in the last step
+        self._running = [lane.request for lane in lanes]  # the scheduler's running list, as it must be
+        self._unreported = self.scheduler.num_unreported_finished  # finished ids the next plan names
+        self._num_alive = len(lanes)
+        self._sum_positions = sum(lane.start for lane in lanes)  # of the alive lanes, at the next step
+        self._generated = 0  # output tokens of the steps so far, less the finishing ones
+        self._counted_tokens = self._counted_steps = 0  # already added to the engine's / runner's counters
         bs = self.block_size
-        for i, lane in enumerate(lanes):
+        self._allocations: dict[int, list[Lane]] = {}  # step -> lanes that need a block, running order
+        self._events: dict[int, list[Lane]] = {}  # step -> lanes that fill a block or finish in it
+        for lane in lanes:
             nblocks = self.kv.num_blocks_of(lane.request.request_id)
-            self._events.append((nblocks * bs - lane.start, _ALLOCATE, i))  # computes position nblocks * bs
-            self._events.append(((-(lane.start + 1)) % bs, _REGISTER, i))  # fills a block
-        heapq.heapify(self._events)
+            self._allocations.setdefault(nblocks * bs - lane.start, []).append(lane)  # computes position nblocks * bs
+            self._events.setdefault((-(lane.start + 1)) % bs, []).append(lane)  # fills a block
+            if lane.finish_step % bs != (-(lane.start + 1)) % bs:
+                self._events.setdefault(lane.finish_step, []).append(lane)
 
     @classmethod
     def open(cls, engine: Engine, runner: SimRunner, decode_cost: Callable[[int, int], float | None] | None,
              charge: Callable[[SchedulerOutput], float] | None) -> DecodeSpan | None:
+        """A span from the scheduler's state now (nothing changed), or None where its next step
+        is not a plain decode step."""
         s = engine.scheduler
         running = s.running
-        if (not running or len(s.waiting) or s.num_unreported_finished or type(engine.kv) is not KVManager
-                or runner.check_contents or len(running) > s.config.max_batched_tokens):
+        if (not running or len(s.waiting) or type(engine.kv) is not KVManager or runner.check_contents
+                or len(running) > s.config.max_batched_tokens):
             return None
         lanes = []
+        max_len = s.max_model_len
         for r in running:
             p = r.sampling_params
-            if (r.num_tokens - r.num_computed_tokens != 1 or p.min_tokens < p.max_tokens or p.logprobs is not None
-                    or p.prompt_logprobs is not None or p.uses_token_history):
-                return None
             outputs = len(r.output_token_ids)
-            finish = min(p.max_tokens - outputs, s.max_model_len - r.num_tokens) - 1
-            if finish <= 0:
-                return None  # it finishes in the next step
-            last = r.output_token_ids[-1] if outputs else r.prompt_token_ids[-1]
-            lanes.append(Lane(r, r.num_computed_tokens, outputs, last, finish))
+            num_tokens = len(r.prompt_token_ids) + outputs
+            if (num_tokens - r.num_computed_tokens != 1 or not outputs or p.min_tokens < p.max_tokens
+                    or p.logprobs is not None or p.prompt_logprobs is not None or p.stop or p.uses_token_history):
+                return None
+            finish = min(p.max_tokens - outputs, max_len - num_tokens) - 1
+            if finish < 0:
+                return None
+            lanes.append(Lane(len(lanes), r, r.num_computed_tokens, outputs, r.output_token_ids[-1], finish))
         return cls(engine, runner, lanes, decode_cost, charge)
 
     @property
@@ -95,84 +122,130 @@ class DecodeSpan:
         return len(self.costs)
 
     def still_plain(self) -> bool:
-        """After other code ran: is the next step still this span's (nothing added or ended)?"""
-        s = self.engine.scheduler
-        return (not len(s.waiting) and not s.num_unreported_finished and len(s.running) == len(self.lanes)
-                and all(r is lane.request for r, lane in zip(s.running, self.lanes)))
+        """After other code ran: is the next step still this span's (nothing added, aborted or
+        waiting)?"""
+        s = self.scheduler
+        return (not len(s.waiting) and s.num_unreported_finished == self._unreported
+                and s.running == self._running)
 
     def step(self) -> float | None:
-        """Run the next step and return its cost, or None (nothing done) where it is not plain:
-        a request would finish, or the free list cannot supply its blocks without an eviction."""
+        """Run the next step and return its cost, or None (nothing done) where the free list
+        cannot supply its blocks; ``finished`` then names the lanes that finished in it."""
         j = len(self.costs)
-        if j >= self.horizon:
-            return None
-        events = self._events
-        needed = 0
-        for when, kind, _ in events:  # a heap: entries of step j are among the smallest
-            if when == j and kind == _ALLOCATE:
-                needed += 1
-        if needed > self.kv.pool.num_empty_blocks:
-            return None
-        bs = self.block_size
-        lanes = self.lanes
-        while events and events[0][0] == j and events[0][1] == _ALLOCATE:
-            _, _, i = heapq.heappop(events)
-            lane = lanes[i]
-            self._sync(lane, j, lane.start + j)  # while scheduling step j
-            if self.kv.allocate(lane.request, 1) is None:
-                raise AssertionError("decode span: a counted free block was not there")
-            heapq.heappush(events, (j + bs, _ALLOCATE, i))
-        runner = self.runner
-        for lane in lanes:
-            r = lane.request
-            lane.tokens.append(runner.fast_token(r.request_id, lane.start + j + 1, r.eos_token_id,
-                                                 r.sampling_params.stop_token_ids))
-        cost = self._decode_cost(len(lanes), self.sum_starts + len(lanes) * j) if self._decode_cost else None
+        allocations = self._allocations.get(j)
+        if allocations is not None:
+            needed = sum(1 for lane in allocations if lane.alive)
+            pool = self.kv.pool
+            if needed > (pool.num_free_blocks if self._evicts else pool.num_empty_blocks):
+                return None
+        finished_ids = self.scheduler.take_finished_ids() if self._unreported else []
+        if finished_ids:
+            self.runner.forget(finished_ids)
+        self._unreported = 0
+        self.finished = []
+        if allocations is not None:
+            del self._allocations[j]
+            later = self._allocations.setdefault(j + self.block_size, [])
+            for lane in allocations:
+                if lane.alive:
+                    lane.request.num_computed_tokens = lane.start + j  # while scheduling step j
+                    if self.kv.allocate(lane.request, 1) is None:
+                        raise AssertionError("decode span: a counted free block was not there")
+                    later.append(lane)
+        n = self._num_alive
+        cost = self._decode_cost(n, self._sum_positions) if self._decode_cost is not None else None
         if cost is None:
             assert self._charge is not None
-            cost = self._charge(self._plan(j))
-        while events and events[0][0] == j:  # registrations (allocations of step j are done)
-            _, _, i = heapq.heappop(events)
-            lane = lanes[i]
-            self._sync(lane, j, lane.start + j + 1)  # in update, before its token is appended
-            self.kv.cache_computed(lane.request)
-            heapq.heappush(events, (j + bs, _REGISTER, i))
+            cost = self._charge(self._plan(j, finished_ids))
         self.costs.append(cost)
+        self._sum_positions += n
+        self._generated += n
+        events = self._events.pop(j, None)
+        if events is not None:
+            events.sort(key=_index)  # the update's order: running order
+            later = self._events.setdefault(j + self.block_size, [])
+            for lane in events:
+                if not lane.alive:
+                    continue
+                if lane.finish_step == j:
+                    self._finish(lane, j)
+                else:
+                    self._sync(lane, j, lane.start + j + 1)  # in update, before its token is appended
+                    self.kv.cache_computed(lane.request)
+                    later.append(lane)
         return cost
+
+    def _finish(self, lane: Lane, j: int) -> None:
+        """The engine's update of a request's last step: register, append, check the stop (which
+        finishes it), process the output; the span drops the lane."""
+        r = lane.request
+        self._sync(lane, j, lane.start + j)
+        r.num_computed_tokens += 1
+        self.kv.cache_computed(r)
+        token = self.tokens(lane, j + 1)[j]
+        r.output_token_ids.append(token)
+        lane.committed = j + 1
+        stop_reason = self.scheduler._check_stop(r, token)
+        if r.status != RequestStatus.FINISHED_LENGTH:
+            raise AssertionError(f"decode span: {r.request_id} did not finish by length where it must")
+        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
+        if processed.stopped or len(processed.outputs) != 1:
+            raise AssertionError("decode span: a stop string in a span")
+        self.engine.note_outputs(processed.outputs)
+        lane.alive = False
+        self._num_alive -= 1
+        self._sum_positions -= lane.start + j + 1
+        self._generated -= 1  # counted by note_outputs
+        self._unreported += 1
+        self._running = [x.request for x in self.lanes if x.alive]
+        self.finished.append(Finish(lane, j, processed.outputs[0]))
+
+    def tokens(self, lane: Lane, n: int) -> list[int]:
+        """The lane's first ``n`` sampled tokens (``n`` at most the steps run), as the fast
+        runner samples them."""
+        have = len(lane.tokens)
+        if have < n:
+            r = lane.request
+            lane.tokens.extend(self.runner.fast_tokens(r.request_id, lane.start + have + 1, n - have,
+                                                       r.eos_token_id, r.sampling_params.stop_token_ids))
+        return lane.tokens
 
     def _sync(self, lane: Lane, sampled: int, computed: int) -> None:
         """Put the request where the engine has it mid-step: the span's first ``sampled`` tokens
         on its list, ``computed`` tokens with KV."""
         r = lane.request
         if sampled > lane.committed:
-            r.output_token_ids.extend(lane.tokens[lane.committed:sampled])
+            r.output_token_ids.extend(self.tokens(lane, sampled)[lane.committed:sampled])
             lane.committed = sampled
         r.num_computed_tokens = computed
 
-    def _plan(self, j: int) -> SchedulerOutput:
+    def _plan(self, j: int, finished_ids: list[str]) -> SchedulerOutput:
         """The plan the scheduler would make for step ``j`` (blocks as allocated above)."""
         chunks = []
         for lane in self.lanes:
+            if not lane.alive:
+                continue
             r = lane.request
-            token = lane.tokens[j - 1] if j else lane.last_token
+            token = self.tokens(lane, j)[j - 1] if j else lane.last_token
             chunks.append(ScheduledChunk(
                 request_id=r.request_id, token_ids=[token], start_position=lane.start + j,
                 block_table=self.kv.block_ids(r.request_id), sample=True, sampling_params=r.sampling_params,
                 num_output_tokens=lane.outputs + j, eos_token_id=r.eos_token_id, want_prompt_logprobs=False,
                 group_block_tables=self.kv.group_block_ids(r.request_id)))
-        return SchedulerOutput(chunks, [], [], [])
+        return SchedulerOutput(chunks, [], finished_ids, [])
 
     def commit(self) -> None:
-        """Write every step run so far onto the requests and the engine's and runner's counters
-        (idempotent: only what is new since the last commit)."""
+        """Write every step run so far onto the alive lanes' requests and the engine's and
+        runner's counters (idempotent: only what is new since the last commit)."""
         n = len(self.costs)
         for lane in self.lanes:
-            r = lane.request
-            if lane.committed < n:
-                r.output_token_ids.extend(lane.tokens[lane.committed:n])
-                lane.committed = n
-            r.num_computed_tokens = lane.start + n
-        new = self.costs[self._counted:]
-        self.engine.count_generated(len(new) * len(self.lanes))
-        self.runner.note_steps(new)
-        self._counted = n
+            if lane.alive:
+                self._sync(lane, n, lane.start + n)
+        self.engine.count_generated(self._generated - self._counted_tokens)
+        self._counted_tokens = self._generated
+        self.runner.note_steps(self.costs[self._counted_steps:])
+        self._counted_steps = n
+
+
+def _index(lane: Lane) -> int:
+    return lane.index

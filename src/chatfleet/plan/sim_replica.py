@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from chatfleet.bench.records import RequestRecord
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.engine import Engine
-from chatfleet.engine.outputs import SchedulerOutput
+from chatfleet.engine.outputs import RequestOutput, SchedulerOutput
 from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.errors import InvalidRequestError, ServerOverloadedError
-from chatfleet.plan.decode_span import DecodeSpan
+from chatfleet.plan.decode_span import DecodeSpan, Lane
 from chatfleet.plan.session_hashes import SessionHashes
-from chatfleet.plan.virtual_loop import VirtualClock, VirtualTimeLoop
+from chatfleet.plan.virtual_loop import VirtualClock
 
 SIM_VOCAB = 1 << 30  # token ids of simulated traffic are arbitrary integers below this
 
@@ -91,6 +91,9 @@ class SimReplica:
         self.decode_spans = decode_spans and fast and token_scale == 1
         self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
         self.span_steps = 0  # steps run inside decode spans
+        self._span: DecodeSpan | None = None  # open across steps while they stay plain
+        self._span_done = 0  # its steps that have ended (their records may be written)
+        self._span_end = 0.0  # when the last of them ended
 
     def _charge(self, plan: SchedulerOutput) -> float:
         if self._on_plan is not None:
@@ -133,118 +136,138 @@ class SimReplica:
         """The engine loop: step while there is work, each step taking its cost in virtual time."""
         self._wake = asyncio.Event()
         engine = self.engine
-        while not self._closed:
-            if not engine.has_unfinished_requests():
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if self.decode_spans and await self._try_span():
-                continue
-            self._step_cost = 0.0
-            start = self.clock()
-            outputs = engine.step()
-            cost = self._step_cost
-            self.busy_s += cost
-            await asyncio.sleep(cost if (outputs or cost > 0) else 1e-3)
-            now = self.clock()
-            k = self.token_scale
-            part = cost / k if k > 1 else cost  # one real step of this simulated one
-            firsts: dict[str, int] = {}
-            if k > 1 and self._last_plan is not None:
-                chunks = self._last_plan.chunks
-                left = max(1, self._budget - sum(1 for c in chunks if c.num_tokens == 1))
-                firsts = {c.request_id: min(k, -(-c.num_tokens * k // left)) for c in chunks if c.sample}
-            for out in outputs:
-                p = self._pending.get(out.request_id)
-                if p is None:
+        try:
+            while not self._closed:
+                if not engine.has_unfinished_requests():
+                    self._end_span()
+                    self._wake.clear()
+                    await self._wake.wait()
                     continue
-                rec = p.record
-                n = len(out.new_token_ids)
-                if n:
-                    if p.last is None:
-                        first = start + part * firsts[out.request_id] if out.request_id in firsts else now
-                        rec.first_token_s = first - p.t0
-                        rec.ttft_s = first - p.intended
-                        rec.itl_s.extend([0.0] * (n - 1) if k == 1 else [part] * (n * k - 1))
-                    elif k == 1 and n == 1:
-                        rec.itl_s.append(cost if p.last == start else now - p.last)
-                    elif k == 1:
-                        rec.itl_s.extend([cost if p.last == start else (now - p.last) / n] * n)
-                    else:
-                        rec.itl_s.extend([part if p.last == start else (now - p.last) / (n * k)] * (n * k))
-                    p.last = now
-                    p.tokens.extend(out.new_token_ids)
-                if out.finished:
-                    del self._pending[out.request_id]
-                    if p.session is not None:
-                        self._histories.keep(p.session, p.request)
-                    rec.end_s = now - p.t0
-                    rec.reply_s = now - p.intended
-                    rec.output_tokens = len(p.tokens)
-                    rec.prompt_tokens = out.num_prompt_tokens * k
-                    rec.cached_tokens = out.num_cached_tokens * k
-                    if k > 1:  # the last simulated token may stand for fewer than k real ones
-                        rec.output_tokens = min(len(p.tokens) * k, max(rec.expected_tokens, 1))
-                        del rec.itl_s[max(0, rec.output_tokens - 1):]
-                    if out.finish_reason not in ("stop", "length"):
-                        rec.status, rec.error = "error", f"finished with {out.finish_reason}"
-                    if not p.future.done():  # the caller may have left (drain timeout)
-                        p.future.set_result(p.tokens)
+                if self.decode_spans:
+                    cost = self._span_step()
+                    if cost is not None:
+                        start = self.clock()
+                        self.busy_s += cost
+                        await asyncio.sleep(cost)
+                        self._span_step_done(start, cost)
+                        continue
+                self._step_cost = 0.0
+                start = self.clock()
+                outputs = engine.step()
+                cost = self._step_cost
+                self.busy_s += cost
+                await asyncio.sleep(cost if (outputs or cost > 0) else 1e-3)
+                self._deliver(outputs, start, cost)
+        finally:
+            self._end_span()
 
-    async def _try_span(self) -> bool:
-        """Run the steps from now that are plain decode steps at once (``DecodeSpan``), sleeping
-        until the last one ends; False (nothing done) where the next step is not one."""
-        loop = asyncio.get_running_loop()
-        if not isinstance(loop, VirtualTimeLoop):
-            return False
-        span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge)
-        if span is None:
-            return False
+    def _deliver(self, outputs: list[RequestOutput], start: float, cost: float) -> None:
+        """Hand a step's tokens to their requests' records, now (the step's end)."""
         now = self.clock()
-        for lane in span.lanes:  # each inter-token gap is then the step's cost, as in run()
-            p = self._pending.get(lane.request.request_id)
-            if p is not None and p.last != now:
-                return False
+        k = self.token_scale
+        part = cost / k if k > 1 else cost  # one real step of this simulated one
+        firsts: dict[str, int] = {}
+        if k > 1 and self._last_plan is not None:
+            chunks = self._last_plan.chunks
+            left = max(1, self._budget - sum(1 for c in chunks if c.num_tokens == 1))
+            firsts = {c.request_id: min(k, -(-c.num_tokens * k // left)) for c in chunks if c.sample}
+        for out in outputs:
+            p = self._pending.get(out.request_id)
+            if p is None:
+                continue
+            rec = p.record
+            n = len(out.new_token_ids)
+            if n:
+                if p.last is None:
+                    first = start + part * firsts[out.request_id] if out.request_id in firsts else now
+                    rec.first_token_s = first - p.t0
+                    rec.ttft_s = first - p.intended
+                    rec.itl_s.extend([0.0] * (n - 1) if k == 1 else [part] * (n * k - 1))
+                elif k == 1 and n == 1:
+                    rec.itl_s.append(cost if p.last == start else now - p.last)
+                elif k == 1:
+                    rec.itl_s.extend([cost if p.last == start else (now - p.last) / n] * n)
+                else:
+                    rec.itl_s.extend([part if p.last == start else (now - p.last) / (n * k)] * (n * k))
+                p.last = now
+                p.tokens.extend(out.new_token_ids)
+            if out.finished:
+                del self._pending[out.request_id]
+                if p.session is not None:
+                    self._histories.keep(p.session, p.request)
+                rec.end_s = now - p.t0
+                rec.reply_s = now - p.intended
+                rec.output_tokens = len(p.tokens)
+                rec.prompt_tokens = out.num_prompt_tokens * k
+                rec.cached_tokens = out.num_cached_tokens * k
+                if k > 1:  # the last simulated token may stand for fewer than k real ones
+                    rec.output_tokens = min(len(p.tokens) * k, max(rec.expected_tokens, 1))
+                    del rec.itl_s[max(0, rec.output_tokens - 1):]
+                if out.finish_reason not in ("stop", "length"):
+                    rec.status, rec.error = "error", f"finished with {out.finish_reason}"
+                if not p.future.done():  # the caller may have left (drain timeout)
+                    p.future.set_result(p.tokens)
+
+    # ---- decode spans (plan/decode_span.py) ----------------------------------------------------
+    def _span_step(self) -> float | None:
+        """Run the next step as the open span's (opening one where it can), or None (nothing
+        done, the span committed) where it is not a plain decode step."""
+        span = self._span
+        if span is not None and not span.still_plain():
+            self._end_span()
+            span = None
+        if span is None:
+            span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge)
+            if span is None:
+                return None
+            now = self.clock()
+            for lane in span.lanes:  # each inter-token gap is then the step's cost, as in run()
+                p = self._pending.get(lane.request.request_id)
+                if p is not None and p.last != now:
+                    return None
+            self._span, self._span_done, self._span_end = span, 0, now
         cost = span.step()
         if cost is None:
-            return False
+            self._end_span()
+            return None
         if not cost > 0:
             raise AssertionError("decode spans need positive step costs")
+        return cost
+
+    def _span_step_done(self, start: float, cost: float) -> None:
+        """The span's last step ended now: the requests it finished get their records (the
+        others' wait for the span's end: nothing reads them before)."""
+        span = self._span
+        assert span is not None
+        for fin in span.finished:
+            self._flush_lane(span, fin.lane, fin.step, start)
+            self._deliver([fin.output], start, cost)
+        self._span_done, self._span_end = span.num_steps, self.clock()
+
+    def _flush_lane(self, span: DecodeSpan, lane: Lane, upto: int, end: float) -> None:
+        """Put the span's steps before ``upto`` (the last ending at ``end``) on the lane's record."""
+        if upto <= lane.delivered:
+            return
+        p = self._pending.get(lane.request.request_id)
+        if p is not None:
+            p.record.itl_s.extend(span.costs[lane.delivered:upto])
+            p.tokens.extend(span.tokens(lane, upto)[lane.delivered:upto])
+            p.last = end
+        lane.delivered = upto
+
+    def _end_span(self) -> None:
+        """Commit the open span: its requests' state, and the records of its ended steps."""
+        span = self._span
+        if span is None:
+            return
+        self._span = None
         span.commit()
-        self.busy_s += cost
-        when = now + cost  # as asyncio.sleep(cost) would set its timer
-        while loop.has_ready():  # what the loop runs during the first step's sleep, at this time
-            await asyncio.sleep(0)
-        if not self._closed and span.still_plain():
-            nxt = loop.next_timer()
-            while nxt is None or when + 2e-9 < nxt:  # the next step starts before anything else runs
-                cost = span.step()
-                if cost is None:
-                    break
-                if not cost > 0:
-                    raise AssertionError("decode spans need positive step costs")
-                self.busy_s += cost
-                when += cost
-            span.commit()
-        self.span_steps += span.num_steps
-        done = loop.create_future()
-        loop.call_at(when, _wake, done)
-        await done
-        end = self.clock()
         for lane in span.lanes:
-            p = self._pending.get(lane.request.request_id)
-            if p is not None:
-                p.record.itl_s.extend(span.costs)
-                p.tokens.extend(lane.tokens)
-                p.last = end
-        return True
+            if lane.alive:
+                self._flush_lane(span, lane, self._span_done, self._span_end)
+        self.span_steps += span.num_steps
 
     def close(self) -> None:
         self._closed = True
         if self._wake is not None:
             self._wake.set()
-
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)

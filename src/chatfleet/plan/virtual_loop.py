@@ -51,8 +51,8 @@ class _VirtualSelector(selectors.SelectSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """Besides ``time()``: ``next_timer()`` and ``has_ready()`` let a coroutine that knows nothing
-    else can run before a given time skip ahead (``plan/decode_span.py``)."""
+    """Besides ``time()``: ``next_timer()`` and ``has_ready()`` tell a coroutine whether anything
+    else can run before a given time."""
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 # Changing the key (or the encoding below) changes every block's identity: bump the version.
 _HASH_KEY = b"chatfleet/kv-block/v1"
 _DIGEST_SIZE = 16
+_KEYED = hashlib.blake2b(key=_HASH_KEY, digest_size=_DIGEST_SIZE)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: t
     """The chained keyed BLAKE2b hash of one full block."""
     parent_value = None if parent is None else parent.value
     tokens = tuple(token_ids)
-    h = hashlib.blake2b(key=_HASH_KEY, digest_size=_DIGEST_SIZE)
+    h = _KEYED.copy()  # the key's block already compressed
     h.update(b"\x00" * _DIGEST_SIZE if parent_value is None else parent_value.to_bytes(_DIGEST_SIZE, "little"))
     h.update(len(tokens).to_bytes(4, "little"))
     h.update(array("q", tokens).tobytes())
@@ -111,6 +112,13 @@ class KVBlock:
         if self.num_sessions == 0 or session_id != self.session_id:
             self.num_sessions += 1
             self.session_id = session_id
+
+    def take_new(self, session_id: str | None) -> None:
+        """New contents for a request of ``session_id``: ``reset_history`` then ``note_use``."""
+        self.session_id = session_id
+        self.last_use = 0.0
+        self.num_uses = 1
+        self.num_sessions = 1
 
     def reset_history(self) -> None:
         self.session_id = None

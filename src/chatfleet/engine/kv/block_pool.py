@@ -56,6 +56,7 @@ class BlockPool:
         self._free: deque[KVBlock] = deque(self.blocks)
         self._clock = clock
         self._evictable = make_eviction_policy(eviction_policy, clock, pauses)
+        self._hinted = getattr(self._evictable, "needs_hint", True)  # else a freed block's hint is not built
         self.on_evict = on_evict
         self._index: dict[int, KVBlock] = {}
         self._num_used = 0
@@ -93,9 +94,10 @@ class BlockPool:
         if n > self.num_free_blocks:
             raise KVIntegrityError(f"asked for {n} blocks, only {self.num_free_blocks} available")
         out = []
+        free = self._free
         for _ in range(n):
-            if self._free:
-                block = self._free.popleft()
+            if free:
+                block = free.popleft()
             else:
                 block = self._evictable.pop()
                 assert block.block_hash is not None
@@ -103,8 +105,7 @@ class BlockPool:
                     self.on_evict(Eviction(block.block_id, block.block_hash, block.hint()))
                 self._drop_hash(block)
                 self.num_evictions += 1
-            block.reset_history()
-            block.note_use(session_id)
+            block.take_new(session_id)
             block.ref_cnt = 1
             out.append(block)
         self._num_used += n
@@ -126,18 +127,22 @@ class BlockPool:
         ``stamp``: record now as the blocks' last use (not for a copy that keeps its history).
         """
         now = self._clock()
+        hinted, add, append = self._hinted, self._evictable.add, self._free.append
+        released = 0
         for block in blocks:
             if block.ref_cnt <= 0:
+                self._num_used -= released
                 raise KVIntegrityError(f"freeing {block!r}, which is not in use")
             block.ref_cnt -= 1
             if stamp:
                 block.last_use = now
             if block.ref_cnt == 0:
-                self._num_used -= 1
+                released += 1
                 if block.block_hash is None:
-                    self._free.append(block)
+                    append(block)
                 else:
-                    self._evictable.add(block, block.hint())
+                    add(block, block.hint() if hinted else None)
+        self._num_used -= released
 
     # ---- hash index ---------------------------------------------------------------------------
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:

@@ -32,6 +32,7 @@ Clock = Callable[[], float]
 
 class EvictionPolicy(Protocol):
     name: str
+    needs_hint: bool  # False: ``add`` ignores its hint (the pool may pass None)
 
     def add(self, block: KVBlock, hint: BlockHint) -> None: ...
     def remove(self, block: KVBlock) -> None: ...
@@ -49,11 +50,12 @@ class LRUEviction:
     prompt's tail goes before its head (a head is shared by more future requests)."""
 
     name = "lru"
+    needs_hint = False
 
     def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._queue: OrderedDict[int, KVBlock] = OrderedDict()
 
-    def add(self, block: KVBlock, hint: BlockHint) -> None:
+    def add(self, block: KVBlock, hint: BlockHint | None) -> None:
         self._queue[block.block_id] = block
 
     def remove(self, block: KVBlock) -> None:
@@ -77,6 +79,7 @@ class LFUEviction:
     """
 
     name = "lfu"
+    needs_hint = True
 
     def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._heap: list[tuple[int, int, KVBlock]] = []

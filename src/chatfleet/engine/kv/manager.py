@@ -65,10 +65,11 @@ class KVManager:
         self.num_blocks = num_blocks
         self.clock = clock
         self.pauses = SessionPauses()  # shared by both pools' eviction policies
-        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock, on_evict=self._on_device_evict,
-                              pauses=self.pauses)
+        tiered = num_host_blocks > 0 and enable_prefix_caching
+        self.pool = BlockPool(num_blocks, eviction_policy, clock=clock,
+                              on_evict=self._on_device_evict if tiered else None, pauses=self.pauses)
         self.host: HostTier | None = None
-        if num_host_blocks > 0 and enable_prefix_caching:
+        if tiered:
             self.host = HostTier(BlockPool(num_host_blocks, host_eviction_policy, clock=clock, pauses=self.pauses))
         self.prefix_cache = PrefixCache(
             self.pool, block_size, enabled=enable_prefix_caching,

@@ -53,6 +53,7 @@ _MAX_SHARING = 8  # sharing levels beyond this are one group
 @EVICTION_POLICIES.register("session")
 class SessionEviction:
     name = "session"
+    needs_hint = True
     horizon_fraction = 0.1  # H as a fraction of the median pause (see the module docstring)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, pauses: SessionPauses | None = None,

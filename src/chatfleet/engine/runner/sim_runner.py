@@ -69,9 +69,7 @@ class SimRunner:
         self._host_positions = np.full((host_rows, block_size), -1, dtype=np.int64)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
-        for rid in plan.finished_request_ids:
-            self._rngs.pop(rid, None)
-            self._bases.pop(rid, None)
+        self.forget(plan.finished_request_ids)
         if not self.check_contents:
             return self._execute_fast(plan)
         stats = self._transfer(plan.kv_transfers) if plan.kv_transfers else NO_TRANSFERS
@@ -115,6 +113,25 @@ class SimRunner:
         if token == eos_token_id or token in stop_token_ids:
             token = (token + 1) % self.vocab_size
         return int(token)
+
+    def fast_tokens(self, request_id: str, first_context_length: int, n: int, eos_token_id: int | None,
+                    stop_token_ids: tuple[int, ...]) -> list[int]:
+        """``fast_token`` after ``first_context_length``, ``first_context_length + 1``, ... (``n`` of them)."""
+        base = self._bases.get(request_id)
+        if base is None:
+            base = self._bases[request_id] = _digest(request_id.encode())
+        v = self.vocab_size
+        tokens = [(base + c * 0x9E3779B1) % v for c in range(first_context_length, first_context_length + n)]
+        if eos_token_id is not None or stop_token_ids:
+            banned = {eos_token_id, *stop_token_ids}
+            tokens = [(t + 1) % v if t in banned else t for t in tokens]
+        return tokens
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Drop the per-request state of finished requests (a plan names them once)."""
+        for rid in request_ids:
+            self._rngs.pop(rid, None)
+            self._bases.pop(rid, None)
 
     def note_steps(self, costs: list[float]) -> None:
         """Steps run without ``execute`` (``plan/decode_span.py``), each charged its cost."""
