@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", default="long-session")
     p.add_argument("--pause-mean", type=float, default=8.0,
                    help="Mean pause between turns in seconds (0: the profile's own, 2.5 s).")
+    p.add_argument("--join", default="steady", choices=("steady", "start"),
+                   help="steady: each live chat is joined mid-conversation; start: every chat from turn 0.")
     p.add_argument("--slo", default="ttft_p95<=2s,itl_p95<=500ms")
     p.add_argument("--kv-cache-tokens", type=int, default=6144, help="Device KV budget.")
     p.add_argument("--threads", type=int, default=1, help="Threads per engine (the machine is shared).")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
     run_dir = RESULTS_DIR / time.strftime("capacity-%Y%m%d-%H%M%S")
-    cfg = DemoConfig(model=args.model, profile=args.profile, pause_mean_s=args.pause_mean or None,
+    cfg = DemoConfig(model=args.model, profile=args.profile, pause_mean_s=args.pause_mean or None, join=args.join,
                      slo=args.slo, threads=args.threads,
                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max_level,
                      max_points=args.max_points, repeats=args.repeats, seed=args.seed,
