@@ -17,13 +17,18 @@ side; and the 24-session eviction replay's target (``eviction_replay.py``).
     python benchmarks/capacity.py --series stock,all --duration 6 --max-points 4
 
 Defaults (each a flag): ``small`` in float32 with 1 thread per engine; a device KV budget of
-6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; the tuned
-series' cap at 8 running requests (about what that pool holds at once) and a 1 GiB host tier
-(every live chat's history at the knee); SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
+6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; 8 to 64
+chats in at most 6 points; the tuned series' cap at 8 running requests (about what that pool
+holds at once) and a 1 GiB host tier (every live chat's history at the knee); SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
 long-session profile with its mean pause between turns raised from 2.5 s to 8 s. At 2.5 s a
 pause is only 2-3 times a turn's own time on these cores; real chat users pause for 20 s and
 more between turns of a few seconds, and it is in those pauses that a stock engine loses the
-conversation's state. ``--pause-mean 0`` keeps the profile's own pauses.
+conversation's state. ``--pause-mean 0`` keeps the profile's own pauses. Live chats are joined
+mid-conversation (``--join steady``: each slot's first chat at a uniformly drawn turn, its earlier
+turns as scripted history; the window opens once every joined chat has its first reply), so the
+measured window is a fleet in steady state, not a cold start where every history is short;
+``--join start`` sends every chat from its first turn (stock's knee then doubles: its hot persona
+cards carry it while histories are short).
 
 Targets: ``all`` >= 2x vLLM's knee and >= 3x stock's; host-tier reload >= 5x faster than
 recompute; session eviction at 8,192 tokens >= half the 16,384-token pool's hit rate at turns
@@ -66,14 +71,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", default="long-session")
     p.add_argument("--pause-mean", type=float, default=8.0,
                    help="Mean pause between turns in seconds (0: the profile's own, 2.5 s).")
+    p.add_argument("--join", default="steady", choices=("steady", "start"),
+                   help="steady: each live chat is joined mid-conversation; start: every chat from turn 0.")
     p.add_argument("--slo", default="ttft_p95<=2s,itl_p95<=500ms")
     p.add_argument("--kv-cache-tokens", type=int, default=6144, help="Device KV budget.")
     p.add_argument("--threads", type=int, default=1, help="Threads per engine (the machine is shared).")
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=8.0)
-    p.add_argument("--start", type=int, default=16)
+    p.add_argument("--start", type=int, default=8)
     p.add_argument("--max-level", type=int, default=64)
-    p.add_argument("--max-points", type=int, default=5)
+    p.add_argument("--max-points", type=int, default=6)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-running", type=int, default=8)
     p.add_argument("--host-cache-memory", default="1GiB")
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
     run_dir = RESULTS_DIR / time.strftime("capacity-%Y%m%d-%H%M%S")
-    cfg = DemoConfig(model=args.model, profile=args.profile, pause_mean_s=args.pause_mean or None,
+    cfg = DemoConfig(model=args.model, profile=args.profile, pause_mean_s=args.pause_mean or None, join=args.join,
                      slo=args.slo, threads=args.threads,
                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max_level,
                      max_points=args.max_points, repeats=args.repeats, seed=args.seed,

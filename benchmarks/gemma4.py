@@ -95,7 +95,7 @@ def split_plan(model_dir: Path, budget: int, fraction: float | None, block_size:
 
 def knee_section(args: argparse.Namespace, con: Console, run_dir: Path, model_dir: Path) -> dict:
     budget = parse_memory_size(args.kv_cache_memory)
-    cfg = DemoConfig(model=str(model_dir), profile=args.profile, slo=args.slo, threads=args.threads,
+    cfg = DemoConfig(model=str(model_dir), profile=args.profile, join="start", slo=args.slo, threads=args.threads,
                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max_level,
                      max_points=args.max_points, repeats=1, seed=args.seed, out_dir=run_dir)
     rows = {}
@@ -353,7 +353,7 @@ def vllm_section(args: argparse.Namespace, con: Console, run_dir: Path, model_di
     except Exception as e:
         con.print(f"vLLM: not run ({e})")
         return {"served": False, "reason": str(e)}
-    cfg = DemoConfig(model=str(model_dir), profile=args.profile, slo=args.slo, threads=args.threads,
+    cfg = DemoConfig(model=str(model_dir), profile=args.profile, join="start", slo=args.slo, threads=args.threads,
                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max_level,
                      max_points=args.max_points, repeats=1, seed=args.seed, out_dir=run_dir)
     try:

@@ -121,7 +121,7 @@ def measure(cfg: Config, args, out_dir: Path, con: Console) -> dict:
 
 def sweep_config(args, out_dir: Path) -> DemoConfig:
     """The measured sweeps' protocol (one repeat per point), as the demo and capacity.py run theirs."""
-    return DemoConfig(model=MODEL, profile=args.profile, slo=args.slo, threads=args.threads,
+    return DemoConfig(model=MODEL, profile=args.profile, join="start", slo=args.slo, threads=args.threads,
                       duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max,
                       growth=args.growth, resolution=args.resolution, max_points=args.max_points, repeats=1,
                       seed=args.seed, out_dir=out_dir)

@@ -90,3 +90,68 @@ def test_long_session_profile_is_deterministic_and_pauses_longer_than_a_turn_tak
     assert min(len(c.turns) for c in convs) >= 6
     assert sum(c.tokens for c in a.cards) / len(a.cards) > 2 * sum(c.tokens for c in roleplay.cards) / len(roleplay.cards)
     assert max(c.prompt_tokens(len(c.turns) - 1) for c in convs) <= prof.max_prompt_tokens + 64
+
+
+def test_steady_join_sends_each_slots_first_chat_from_a_drawn_turn_with_its_history():
+    prof = get_profile("long-session").with_overrides(think_time_s=make("lognormal", mean=0.01, sigma=0.3),
+                                                      turns=make("uniform", low=4, high=8))
+    w = Workload(prof, 3, EstimateCounter())
+    t = RecordingTransport()
+    spec = LoadSpec("closed", 4, duration_s=3.0, warmup_s=0.0, max_requests=60, join="steady")
+    res = asyncio.run(run_load(w, t, ClientConfig("m"), spec, seed=3))
+    first_of = {}
+    for rec, (body, _) in zip(res.records, t.sent):
+        first_of.setdefault(rec.conv_id, (rec, body))
+    joined = [(rec, body) for rec, body in first_of.values() if rec.turn > 0]
+    assert joined, "some slot must have joined a chat past its first turn"
+    for rec, body in first_of.values():
+        conv = w.conversation(rec.conv_id)
+        first_slot_chat = rec.conv_id < 4  # the slots' first chats are conversations 0-3
+        assert rec.turn == (w.join_turn(conv) if first_slot_chat else 0)
+        assert rec.pause_s is None  # the first request seen of a chat has no measured pause
+        msgs = body["messages"]
+        assert msgs == conv.messages(rec.turn, w.scripted_history(conv, rec.turn))
+        assert len(msgs) == 2 + 2 * rec.turn  # card, every earlier turn pair, the new turn
+        for k, reply in enumerate(w.scripted_history(conv, rec.turn)):
+            assert msgs[2 + 2 * k]["content"] == reply and reply  # scripted history, non-empty
+    # deterministic: the same seed joins the same turns with the same history
+    assert [w.join_turn(w.conversation(i)) for i in range(4)] == \
+        [Workload(prof, 3, EstimateCounter()).join_turn(w.conversation(i)) for i in range(4)]
+
+
+def test_steady_join_is_for_the_closed_loop_only():
+    import pytest
+
+    from chatfleet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="closed loop only"):
+        LoadSpec("open", 1.0, join="steady")
+    with pytest.raises(ConfigError, match="unknown join"):
+        LoadSpec("closed", 1, join="middle")
+
+
+class SlowSession(RecordingSession):
+    async def post(self, path, body, headers):
+        await asyncio.sleep(0.05)
+        return await super().post(path, body, headers)
+
+
+class SlowTransport(RecordingTransport):
+    def session(self):
+        return SlowSession(self.sent)
+
+
+def test_steady_join_measures_only_after_every_joined_chat_has_its_first_reply():
+    prof = get_profile("long-session").with_overrides(think_time_s=make("lognormal", mean=0.02, sigma=0.3),
+                                                      turns=make("const", value=6))
+    w = Workload(prof, 4, EstimateCounter())
+    spec = LoadSpec("closed", 3, duration_s=0.6, warmup_s=0.0, drain_timeout_s=5.0, join="steady")
+    res = asyncio.run(run_load(w, SlowTransport(), ClientConfig("m"), spec, seed=4))
+    firsts = {}
+    for rec in res.records:
+        firsts.setdefault(rec.slot, rec)
+    assert len(firsts) == 3 and all(r.warmup for r in firsts.values())  # warmup_s=0, yet warmup
+    last_first_reply = max(r.end_s for r in firsts.values())
+    measured = [r for r in res.records if not r.warmup]
+    assert measured and all(r.sent_s >= last_first_reply - 1e-3 for r in measured)
+    assert max(r.sent_s for r in res.records) <= last_first_reply + spec.duration_s + 0.05  # window moved

@@ -48,3 +48,15 @@ def test_calibration_recovers_the_latencies_of_a_known_device():
     for level in measured.levels:
         for key, want in measured.metrics[level].items():
             assert abs(fit.simulated[level][key] / want - 1) < 0.15, (level, key)
+
+
+def test_a_sweep_that_joined_chats_mid_conversation_is_refused():
+    import pytest
+
+    from chatfleet.errors import ConfigError
+
+    doc = result_document("sweep", {"profile": {"name": "cpu-roleplay"},
+                                    "protocol": {"load": {"duration_s": 12, "warmup_s": 2, "join": "steady"}}},
+                          {"measured": sweep_to_dict(SweepResult("closed", "ttft_p99<=2s", [], None, False))})
+    with pytest.raises(ConfigError, match="join 'start'"):
+        read_measured(doc)

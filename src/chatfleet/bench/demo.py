@@ -25,7 +25,7 @@ from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.knee import knee_spread
-from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.loops import JOINS, LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
@@ -41,6 +41,7 @@ class DemoConfig:
     model: str = "small"
     profile: str = "long-session"
     pause_mean_s: float | None = None  # the profile's mean pause between turns; None: as it ships
+    join: str = "steady"  # closed-loop chats joined mid-conversation (bench/loops.JOINS) or from turn 0
     slo: str = "ttft_p95<=1s,itl_p95<=200ms"
     peak_chats: int = 2200
     headroom: float = 0.0
@@ -65,6 +66,8 @@ class DemoConfig:
     def __post_init__(self) -> None:
         parse_slo(self.slo)
         get_profile(self.profile)
+        if self.join not in JOINS:
+            raise ConfigError(f"unknown join {self.join!r}; valid: {', '.join(JOINS)}")
         if self.threads < 1 or self.peak_chats < 1 or self.max_points < 2 or self.repeats < 1:
             raise ConfigError("threads, peak chats and repeats must be >= 1, max points >= 2")
         if self.kv_cache_tokens < 64:
@@ -86,7 +89,9 @@ class DemoConfig:
         return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points)
 
     def describe_profile(self) -> str:
-        return self.profile + ("" if self.pause_mean_s is None else f" (mean pause {self.pause_mean_s:g} s)")
+        parts = ([] if self.pause_mean_s is None else [f"mean pause {self.pause_mean_s:g} s"]) + (
+            ["chats joined mid-conversation"] if self.join == "steady" else [])
+        return self.profile + (f" ({', '.join(parts)})" if parts else "")
 
     def engine_args(self) -> dict[str, EngineArgs]:
         pool = ("--kv-cache-tokens", str(self.kv_cache_tokens))
@@ -115,7 +120,7 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
     """Start the series' server, sweep it to the knee under ``cfg``'s protocol, stop it."""
     con.print(f"[bold]{series.name}[/]: {series.describe()}")
     with start_server(series, cfg.out_dir) as url:
-        load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s)
+        load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, join=cfg.join)
         proto = RunProtocol(url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind=series.server_kind)
         make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()

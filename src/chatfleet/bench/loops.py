@@ -27,6 +27,12 @@ MODES = {
     "concurrency": "requests in flight held constant, no think time (as other tools measure)",
 }
 HISTORY = ("live", "trace")
+JOINS = {
+    "start": "every chat is sent from its first turn",
+    "steady": "closed loop: each slot's first chat is joined at a turn drawn uniformly from its turns, "
+              "its earlier turns sent as scripted history (a fleet in steady state has chats at every "
+              "stage; starting all at turn 0 measures a cold start of short prompts)",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,10 @@ class LoadSpec:
     drain_timeout_s: float = 60.0
     history: str = "live"  # 'live': the server's replies; 'trace': the scripted/imported ones
     max_live_chats: int = 20000  # open-loop bound
+    join: str = "start"  # where a closed-loop slot's first chat begins (JOINS)
+    # steady join: the warmup lasts until every joined chat's first turn is answered (the server
+    # has computed each live history once), at most this many seconds past ``warmup_s``
+    join_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -53,6 +63,12 @@ class LoadSpec:
             raise ConfigError("max_requests must be >= 1")
         if self.history not in HISTORY:
             raise ConfigError(f"unknown history mode {self.history!r}; valid: {', '.join(HISTORY)}")
+        if self.join not in JOINS:
+            raise ConfigError(f"unknown join {self.join!r}; valid: {', '.join(JOINS)}")
+        if self.join_wait_s < 0:
+            raise ConfigError("join_wait_s must be >= 0")
+        if self.join != "start" and self.mode != "closed":
+            raise ConfigError(f"join {self.join!r} applies to the closed loop only, not {self.mode!r}")
 
 
 @dataclass
@@ -86,6 +102,28 @@ class _Run:
         self.warm_end = self.t0 + int(spec.warmup_s * 1e9)
         self.end = self.warm_end + int(spec.duration_s * 1e9)
         self.idle_sessions: list[Session] = []
+        # Steady join: the window opens once every slot's joined first turn is answered (or at
+        # the latest ``join_wait_s`` after the warmup); until then every request is warmup.
+        self.joins_pending = int(spec.level) if spec.join == "steady" else 0
+        self.window_open = self.joins_pending == 0
+        self._joined_slots: set[int] = set()
+        self.latest_warm_end = self.warm_end + int(spec.join_wait_s * 1e9)
+        if not self.window_open:
+            self.end = self.latest_warm_end + int(spec.duration_s * 1e9)
+
+    def open_window(self) -> None:
+        """Start the measured window now (not before the warmup's end, not after its latest)."""
+        if self.window_open:
+            return
+        self.window_open = True
+        self.warm_end = min(max(self.warm_end, time.perf_counter_ns()), self.latest_warm_end)
+        self.end = self.warm_end + int(self.spec.duration_s * 1e9)
+
+    def joined(self) -> None:
+        """One slot's joined chat got (or failed) its first turn."""
+        self.joins_pending -= 1
+        if self.joins_pending == 0:
+            self.open_window()
 
     def new_conversation(self) -> Conversation:
         i = self.next_conv
@@ -97,12 +135,25 @@ class _Run:
             return False
         return self.spec.max_requests is None or self.sent < self.spec.max_requests
 
-    async def chat(self, conv: Conversation, session: Session, slot: int, start_ns: int, think: bool) -> None:
-        """Run one conversation; its first turn is intended at ``start_ns``."""
-        replies: list[str] = []
+    async def chat(self, conv: Conversation, session: Session, slot: int, start_ns: int, think: bool,
+                   first_turn: int = 0, joining: bool = False) -> None:
+        """Run one conversation; its turn ``first_turn`` is intended at ``start_ns`` (earlier turns,
+        if any, are sent as the workload's scripted history). ``joining``: a slot's joined chat,
+        which reports its first turn's end (or that it never sent one) to the window."""
+        replies: list[str] = self.w.scripted_history(conv, first_turn)
+        try:
+            await self._turns(conv, session, slot, start_ns, think, first_turn, replies, joining)
+        finally:
+            if joining and slot not in self._joined_slots:  # it never sent its first turn
+                self._joined_slots.add(slot)
+                self.joined()
+
+    async def _turns(self, conv: Conversation, session: Session, slot: int, start_ns: int, think: bool,
+                     first_turn: int, replies: list[str], joining: bool) -> None:
         intended = start_ns
-        for ti, turn in enumerate(conv.turns):
-            if ti > 0:
+        for ti in range(first_turn, len(conv.turns)):
+            turn = conv.turns[ti]
+            if ti > first_turn:
                 intended += int(turn.think_time_s * 1e9) if think else 0
             if not self.may_send(intended):
                 return
@@ -113,14 +164,18 @@ class _Run:
                     return
             self.sent += 1
             rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
-                                expected_tokens=turn.reply_tokens, warmup=intended < self.warm_end,
-                                pause_s=(turn.think_time_s if think else 0.0) if ti > 0 else None,
+                                expected_tokens=turn.reply_tokens,
+                                warmup=not self.window_open or intended < self.warm_end,
+                                pause_s=(turn.think_time_s if think else 0.0) if ti > first_turn else None,
                                 session_id=f"bench-{self.seed}-{conv.conv_id}")
             self.records.append(rec)
             history = replies if self.spec.history == "live" else None
             res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
             if self.on_record is not None:
                 self.on_record(rec)
+            if joining and ti == first_turn and slot not in self._joined_slots:
+                self._joined_slots.add(slot)
+                self.joined()
             if rec.status != "ok":
                 return  # the user leaves; the slot starts a new chat
             replies.append(res.text)
@@ -129,10 +184,13 @@ class _Run:
     async def slot_loop(self, slot: int, first_start: int, think: bool) -> None:
         session = self.t.session()
         start = first_start
+        joining = self.spec.join == "steady"
         try:
             while self.may_send(start):
                 conv = self.new_conversation()
-                await self.chat(conv, session, slot, start, think)
+                first_turn = self.w.join_turn(conv) if joining else 0
+                await self.chat(conv, session, slot, start, think, first_turn, joining)
+                joining = False  # later chats of the slot are new users: from their first turn
                 now = time.perf_counter_ns()
                 start = now + (int(self.w.first_think_time(conv.conv_id) * 1e9) if think else 0)
         finally:
@@ -176,7 +234,16 @@ class _Run:
         # Stagger the first turns over one mean think time so N chats do not start in lockstep.
         spread = self.w.profile.think_time_s.p.get("mean", 1.0) if think else 0.0
         starts = [self.t0 + int(self.rng.uniform(0, spread) * 1e9) for _ in range(n)]
-        await asyncio.gather(*(self.slot_loop(i, starts[i], think) for i in range(n)))
+        watchdog = None if self.window_open else asyncio.create_task(self._open_window_at_latest())
+        try:
+            await asyncio.gather(*(self.slot_loop(i, starts[i], think) for i in range(n)))
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _open_window_at_latest(self) -> None:
+        await asyncio.sleep(max(0.0, (self.latest_warm_end - time.perf_counter_ns()) / 1e9))
+        self.open_window()
 
 
 async def settle_run(main: asyncio.Task, done: set[asyncio.Task], records: list[RequestRecord]) -> None:
@@ -205,8 +272,12 @@ async def run_load(workload: Workload, transport: Transport, cfg: ClientConfig, 
     try:
         run = _Run(workload, transport, cfg, spec, seed, on_record)
         main = asyncio.create_task(run.run())
-        deadline = (run.end - time.perf_counter_ns()) / 1e9 + spec.drain_timeout_s
-        done, _ = await asyncio.wait({main}, timeout=max(deadline, 0.0))
+        while True:  # the window's end moves once (a steady join opens it when its chats are in)
+            end = run.end
+            deadline = (end - time.perf_counter_ns()) / 1e9 + spec.drain_timeout_s
+            done, _ = await asyncio.wait({main}, timeout=max(deadline, 0.0))
+            if done or run.end == end:
+                break
     finally:
         if gc_was_on:
             gc.enable()

@@ -181,6 +181,21 @@ class Workload:
             turns.append(Turn(user, self.counter.count(user), reply_tokens, think, reply))
         return Conversation(i, card.character_id, card.text, card.tokens, tuple(turns), p.max_prompt_tokens)
 
+    def join_turn(self, conv: Conversation) -> int:
+        """The turn at which a chat already in progress is joined (uniform over its turns)."""
+        return random.Random(f"join:{self.seed}:{conv.conv_id}").randrange(len(conv.turns))
+
+    def scripted_history(self, conv: Conversation, turns: int) -> list[str]:
+        """Assistant texts for the first ``turns`` turns of ``conv`` (a joined chat's history): the
+        turn's scripted reply where it has one, else text of its forced reply length."""
+        card = self.cards[conv.character_id]
+        out = []
+        for t, turn in enumerate(conv.turns[:turns]):
+            rng = random.Random(f"reply:{self.seed}:{conv.conv_id}:{t}")
+            out.append(turn.reply if turn.reply is not None
+                       else make_turn_text("reply", card, turn.reply_tokens, self.counter, rng))
+        return out
+
     def first_think_time(self, i: int) -> float:
         """Think time before a replacement conversation's first turn (a new user arrives)."""
         return self.profile.think_time_s.sample(random.Random(f"first:{self.seed}:{i}"))

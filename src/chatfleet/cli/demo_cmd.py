@@ -18,6 +18,8 @@ _D, _T = DemoConfig(), TechniqueSettings()
 def demo(
     model: str = typer.Option(_D.model, "--model", help="'small' (default), 'tiny' or a local HF folder."),
     profile: str = typer.Option(_D.profile, "--profile", help="Workload profile (long-session: users who pause)."),
+    join: str = typer.Option(_D.join, "--join", help="steady: live chats are joined mid-conversation (a "
+                             "fleet in steady state); start: every chat from its first turn."),
     slo: str = typer.Option(_D.slo, "--slo", help="Latency targets."),
     peak: int = typer.Option(_D.peak_chats, "--peak", help="Peak concurrent chats to size the fleets for."),
     headroom: float = typer.Option(_D.headroom, "--headroom", help="Provision this share above the peak."),
@@ -45,7 +47,7 @@ def demo(
     try:
         kw = {"out_dir": out_dir} if out_dir else {}
         tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
-        cfg = DemoConfig(model=model, profile=profile, slo=slo, peak_chats=peak, headroom=headroom,
+        cfg = DemoConfig(model=model, profile=profile, join=join, slo=slo, peak_chats=peak, headroom=headroom,
                          price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
                          warmup_s=warmup, start=start, max_points=max_points, repeats=repeats, kv_cache_tokens=kv_cache_tokens,
                          techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed, **kw)

@@ -51,6 +51,9 @@ def read_measured(doc: dict[str, Any], series: str | None = None) -> MeasuredSwe
     profile = profile.get("name") if isinstance(profile, dict) else profile
     if not profile:
         raise ConfigError("the result does not say which workload profile it measured")
+    if load.get("join", "start") != "start":
+        raise ConfigError(f"the sweep joined its chats mid-conversation (join {load['join']!r}); the simulator "
+                          "starts every chat at its first turn: calibrate on a sweep run with join 'start'")
     metrics: dict[float, dict[str, float]] = {}
     for p in s["points"]:
         runs = [r for r in p["runs"] if not r.get("throttled")] or p["runs"]

@@ -24,6 +24,7 @@ from chatfleet.bench.loops import LoadResult, LoadSpec, settle_run
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_PROMPT
 from chatfleet.bench.workload import Conversation, Workload
+from chatfleet.errors import ConfigError
 from chatfleet.plan.virtual_loop import VirtualClock
 
 _ID_LOW, _ID_HIGH = 1000, 1 << 30
@@ -179,6 +180,8 @@ class _SimRun:
 async def run_sim_load(workload: Workload, target: Target, spec: LoadSpec, seed: int, clock: VirtualClock,
                        on_record: Callable[[RequestRecord], None] | None = None, token_scale: int = 1) -> LoadResult:
     """Drive one load point against ``target`` in virtual time; every record, warmup ones marked."""
+    if spec.join != "start":
+        raise ConfigError(f"the simulator starts every chat at its first turn; join {spec.join!r} is not simulated")
     run = _SimRun(TokenizedWorkload(workload, token_scale), target, spec, seed, clock, on_record)
     main = asyncio.create_task(run.run())
     deadline = run.end - clock() + spec.drain_timeout_s
