@@ -74,6 +74,7 @@ class DecodeSpan:
         self._decode_cost = decode_cost
         self._charge = charge  # builds plans (tests' on_plan, cost models without decode_cost)
         self._evicts = self.kv.host is None  # an eviction without a host tier is no transfer
+        self._tests_head = _tests_head(engine)  # may run while requests wait (``_head_blocked``)
         self.costs: list[float] = []
         self.finished: list[Finish] = []  # lanes that finished in the last step
         self._running = [lane.request for lane in lanes]  # the scheduler's running list, as it must be
@@ -99,8 +100,8 @@ class DecodeSpan:
         is not a plain decode step."""
         s = engine.scheduler
         running = s.running
-        if (not running or len(s.waiting) or type(engine.kv) is not KVManager or runner.check_contents
-                or len(running) > s.config.max_batched_tokens):
+        if (not running or type(engine.kv) is not KVManager or runner.check_contents
+                or len(running) > s.config.max_batched_tokens or (len(s.waiting) and not _tests_head(engine))):
             return None
         lanes = []
         max_len = s.max_model_len
@@ -125,7 +126,7 @@ class DecodeSpan:
         """After other code ran: is the next step still this span's (nothing added, aborted or
         waiting)?"""
         s = self.scheduler
-        return (not len(s.waiting) and s.num_unreported_finished == self._unreported
+        return ((not len(s.waiting) or self._tests_head) and s.num_unreported_finished == self._unreported
                 and s.running == self._running)
 
     def step(self) -> float | None:
@@ -133,11 +134,14 @@ class DecodeSpan:
         cannot supply its blocks; ``finished`` then names the lanes that finished in it."""
         j = len(self.costs)
         allocations = self._allocations.get(j)
+        needed = 0
         if allocations is not None:
             needed = sum(1 for lane in allocations if lane.alive)
             pool = self.kv.pool
             if needed > (pool.num_free_blocks if self._evicts else pool.num_empty_blocks):
                 return None
+        if len(self.scheduler.waiting) and not self._head_blocked(needed):
+            return None
         finished_ids = self.scheduler.take_finished_ids() if self._unreported else []
         if finished_ids:
             self.runner.forget(finished_ids)
@@ -174,6 +178,36 @@ class DecodeSpan:
                     self.kv.cache_computed(lane.request)
                     later.append(lane)
         return cost
+
+    def _head_blocked(self, num_allocated: int) -> bool:
+        """Whether the scheduler's admission, after this step's ``num_allocated`` decode blocks,
+        certainly admits nothing (so the step is still plain). Under head-of-line FCFS it tries
+        only the head: it is blocked when the budget or the batch is full, or when the head's
+        blocks (``KVManager.free_blocks_needed`` of its prefix match) exceed the free blocks left
+        and the decode blocks evict none of its matched blocks (LRU's order says which they
+        evict), so the match it gets then is the one tested here."""
+        s, kv = self.scheduler, self.kv
+        cfg = s.config
+        budget = cfg.max_batched_tokens - self._num_alive
+        if budget <= 0 or self._num_alive >= cfg.max_running:
+            return True
+        head = s.waiting.peek()
+        prefix = kv.match_prefix(head)
+        n = head.num_tokens - prefix.num_tokens
+        if n > budget and not cfg.enable_chunked_prefill and budget < cfg.max_batched_tokens:
+            return True
+        pool = kv.pool
+        if kv.free_blocks_needed(head, min(n, budget), prefix) <= pool.num_free_blocks - num_allocated:
+            return False
+        evictions = num_allocated - pool.num_empty_blocks
+        if evictions > 0 and prefix.blocks:
+            victims = pool.next_evicted(evictions)
+            if victims is None:
+                return False
+            matched = {id(b) for b in prefix.blocks}
+            if any(id(b) in matched for b in victims):
+                return False
+        return True
 
     def _finish(self, lane: Lane, j: int) -> None:
         """The engine's update of a request's last step: register, append, check the stop (which
@@ -245,6 +279,13 @@ class DecodeSpan:
         self._counted_tokens = self._generated
         self.runner.note_steps(self.costs[self._counted_steps:])
         self._counted_steps = n
+
+
+def _tests_head(engine: Engine) -> bool:
+    """Whether a span can tell that waiting requests stay waiting: head-of-line FCFS admission,
+    and a device pool alone (no host tier: its hits and demotions are transfers)."""
+    waiting = engine.scheduler.waiting
+    return getattr(waiting, "name", None) == "fcfs" and waiting.head_of_line and engine.kv.host is None
 
 
 def _index(lane: Lane) -> int:

@@ -15,6 +15,7 @@ handed out again. The same class serves the device pool and the host pool.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -110,6 +111,13 @@ class BlockPool:
             out.append(block)
         self._num_used += n
         return out
+
+    def next_evicted(self, n: int) -> list[KVBlock] | None:
+        """The cached blocks the next ``n`` evictions would take, in order, where the policy's
+        order is its iteration order (``lru``); None where it cannot say."""
+        if getattr(self._evictable, "name", None) != "lru":
+            return None
+        return list(itertools.islice(self._evictable, n))
 
     def touch(self, blocks: list[KVBlock], session_id: str | None = None) -> None:
         """Add a reference to each block (prefix-cache hits); revives unreferenced cached blocks."""

@@ -140,8 +140,7 @@ class KVManager:
             raise KVIntegrityError(f"prefix hit for {request.request_id!r}, which already has KV")
         num_held = len(state.blocks) if state is not None else 0
         num_hit = len(hit_blocks)
-        total = request.num_computed_tokens + (num_hit + len(host_blocks)) * self.block_size + num_new_tokens
-        num_needed = max(-(-total // self.block_size) - num_held - num_hit, 0)
+        num_needed = self._num_new_blocks(request, num_new_tokens, num_hit, len(host_blocks), num_held)
         num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return None
@@ -169,6 +168,19 @@ class KVManager:
         state.block_ids.extend(added_ids)
         state.num_cached_blocks += num_hit
         return KVBlocks(added_ids, num_hit, len(host_blocks))
+
+    def _num_new_blocks(self, request: Request, num_new_tokens: int, num_hit: int, num_host: int,
+                        num_held: int) -> int:
+        total = request.num_computed_tokens + (num_hit + num_host) * self.block_size + num_new_tokens
+        return max(-(-total // self.block_size) - num_held - num_hit, 0)
+
+    def free_blocks_needed(self, request: Request, num_new_tokens: int, prefix: MatchResult) -> int:
+        """Free-list blocks ``allocate(request, num_new_tokens, prefix=prefix)`` would take for a
+        request without KV (new blocks plus revived cached hits); it returns None when the pool
+        has fewer free blocks than this."""
+        hit_blocks = prefix.blocks
+        return (self._num_new_blocks(request, num_new_tokens, len(hit_blocks), len(prefix.host_blocks), 0)
+                + sum(1 for b in hit_blocks if b.ref_cnt == 0))
 
     def cache_computed(self, request: Request) -> None:
         """Register the request's full blocks whose KV is now computed."""
