@@ -192,11 +192,13 @@ class DecodeSpan:
         if budget <= 0 or self._num_alive >= cfg.max_running:
             return True
         head = s.waiting.peek()
+        pool = kv.pool
+        if -(-head.num_tokens // kv.block_size) <= pool.num_free_blocks - num_allocated:
+            return False  # fits even without a prefix hit: no need to match it
         prefix = kv.match_prefix(head)
         n = head.num_tokens - prefix.num_tokens
         if n > budget and not cfg.enable_chunked_prefill and budget < cfg.max_batched_tokens:
             return True
-        pool = kv.pool
         if kv.free_blocks_needed(head, min(n, budget), prefix) <= pool.num_free_blocks - num_allocated:
             return False
         evictions = num_allocated - pool.num_empty_blocks
