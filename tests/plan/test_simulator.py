@@ -41,7 +41,7 @@ def _decisions(plan: SchedulerOutput) -> tuple:
 
 
 # (arrivals per second, longest reply): short replies in a burst, and long ones spread out (most
-# steps then decode only, which the simulator runs many at once)
+# steps then decode only, which the simulator runs through decode spans)
 WORKLOADS = {"burst": (400.0, 12), "long-replies": (40.0, 60)}
 
 
@@ -95,7 +95,7 @@ def _engine_loop(host_blocks: int, kind: str = "burst") -> list[tuple]:
 
 
 def _simulator(host_blocks: int, spans: list[int] | None = None, kind: str = "burst") -> list[tuple]:
-    """The planner's path: SimReplica (fast mode, decode-only steps run many at once where it
+    """The planner's path: SimReplica (fast mode, plain decode steps run by decode spans where it
     can) driven by coroutines on the virtual-time loop."""
     clock = VirtualClock()
     plans: list[tuple] = []

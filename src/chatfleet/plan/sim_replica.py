@@ -87,7 +87,7 @@ class SimReplica:
         self._wake: asyncio.Event | None = None
         self._closed = False
         self.busy_s = 0.0  # virtual seconds spent in steps
-        # decode-only steps many at once (plan/decode_span.py): fast mode, exact time only
+        # plain decode steps run by plan/decode_span.py: fast mode, exact time only
         self.decode_spans = decode_spans and fast and token_scale == 1
         self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
         self.span_steps = 0  # steps run inside decode spans
