@@ -55,6 +55,7 @@ from eviction_replay import target_check  # noqa: E402  (same folder)
 
 from chatfleet.bench.demo import DemoConfig, kv_budget_bytes, sweep_series  # noqa: E402
 from chatfleet.bench.knee import knee_spread  # noqa: E402
+from chatfleet.bench.loops import JOINS  # noqa: E402
 from chatfleet.bench.replay import ReplayConfig, TraceSpec, make_trace, replay  # noqa: E402
 from chatfleet.bench.report import sweep_to_dict, write_json  # noqa: E402
 from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", default="long-session")
     p.add_argument("--pause-mean", type=float, default=8.0,
                    help="Mean pause between turns in seconds (0: the profile's own, 2.5 s).")
-    p.add_argument("--join", default="steady", choices=("steady", "start"),
+    p.add_argument("--join", default="steady", choices=tuple(JOINS),
                    help="steady: each live chat is joined mid-conversation; start: every chat from turn 0.")
     p.add_argument("--slo", default="ttft_p95<=2s,itl_p95<=500ms")
     p.add_argument("--kv-cache-tokens", type=int, default=6144, help="Device KV budget.")

@@ -25,7 +25,7 @@ from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.knee import knee_spread
-from chatfleet.bench.loops import JOINS, LoadSpec
+from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
@@ -66,8 +66,6 @@ class DemoConfig:
     def __post_init__(self) -> None:
         parse_slo(self.slo)
         get_profile(self.profile)
-        if self.join not in JOINS:
-            raise ConfigError(f"unknown join {self.join!r}; valid: {', '.join(JOINS)}")
         if self.threads < 1 or self.peak_chats < 1 or self.max_points < 2 or self.repeats < 1:
             raise ConfigError("threads, peak chats and repeats must be >= 1, max points >= 2")
         if self.kv_cache_tokens < 64:
@@ -75,6 +73,7 @@ class DemoConfig:
         if self.pause_mean_s is not None:
             self.workload_profile()  # validates the override against the profile's distribution
         self.sweep_spec()  # validates the sweep's shape (growth, resolution)
+        self.load_spec()  # validates the load (join, run lengths)
 
     def workload_profile(self) -> WorkloadProfile:
         """The named profile, with its mean pause between turns replaced when one is given."""
@@ -84,6 +83,10 @@ class DemoConfig:
         if self.pause_mean_s <= 0:
             raise ConfigError("the mean pause between turns must be > 0 seconds")
         return profile.with_overrides(think_time_s=with_mean(profile.think_time_s, self.pause_mean_s))
+
+    def load_spec(self) -> LoadSpec:
+        """The closed loop every point runs (its level replaced per point)."""
+        return LoadSpec("closed", 1, duration_s=self.duration_s, warmup_s=self.warmup_s, join=self.join)
 
     def sweep_spec(self) -> SweepSpec:
         return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points)
@@ -120,8 +123,7 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
     """Start the series' server, sweep it to the knee under ``cfg``'s protocol, stop it."""
     con.print(f"[bold]{series.name}[/]: {series.describe()}")
     with start_server(series, cfg.out_dir) as url:
-        load = LoadSpec("closed", 1, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, join=cfg.join)
-        proto = RunProtocol(url, load, parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
+        proto = RunProtocol(url, cfg.load_spec(), parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind=series.server_kind)
         make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()
         spec = cfg.sweep_spec()

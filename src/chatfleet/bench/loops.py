@@ -104,8 +104,7 @@ class _Run:
         self.idle_sessions: list[Session] = []
         # Steady join: the window opens once every slot's joined first turn is answered (or at
         # the latest ``join_wait_s`` after the warmup); until then every request is warmup.
-        self.joins_pending = int(spec.level) if spec.join == "steady" else 0
-        self.window_open = self.joins_pending == 0
+        self.window_open = spec.join != "steady"
         self._joined_slots: set[int] = set()
         self.latest_warm_end = self.warm_end + int(spec.join_wait_s * 1e9)
         if not self.window_open:
@@ -119,10 +118,11 @@ class _Run:
         self.warm_end = min(max(self.warm_end, time.perf_counter_ns()), self.latest_warm_end)
         self.end = self.warm_end + int(self.spec.duration_s * 1e9)
 
-    def joined(self) -> None:
-        """One slot's joined chat got (or failed) its first turn."""
-        self.joins_pending -= 1
-        if self.joins_pending == 0:
+    def joined(self, slot: int) -> None:
+        """The slot's joined chat got (or failed, or never sent) its first turn; the window opens
+        with the last slot's."""
+        self._joined_slots.add(slot)
+        if len(self._joined_slots) == int(self.spec.level):
             self.open_window()
 
     def new_conversation(self) -> Conversation:
@@ -142,44 +142,38 @@ class _Run:
         which reports its first turn's end (or that it never sent one) to the window."""
         replies: list[str] = self.w.scripted_history(conv, first_turn)
         try:
-            await self._turns(conv, session, slot, start_ns, think, first_turn, replies, joining)
-        finally:
-            if joining and slot not in self._joined_slots:  # it never sent its first turn
-                self._joined_slots.add(slot)
-                self.joined()
-
-    async def _turns(self, conv: Conversation, session: Session, slot: int, start_ns: int, think: bool,
-                     first_turn: int, replies: list[str], joining: bool) -> None:
-        intended = start_ns
-        for ti in range(first_turn, len(conv.turns)):
-            turn = conv.turns[ti]
-            if ti > first_turn:
-                intended += int(turn.think_time_s * 1e9) if think else 0
-            if not self.may_send(intended):
-                return
-            delay = (intended - time.perf_counter_ns()) / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
-                if not self.may_send(intended):  # another chat used the last request meanwhile
+            intended = start_ns
+            for ti in range(first_turn, len(conv.turns)):
+                turn = conv.turns[ti]
+                if ti > first_turn:
+                    intended += int(turn.think_time_s * 1e9) if think else 0
+                if not self.may_send(intended):
                     return
-            self.sent += 1
-            rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
-                                expected_tokens=turn.reply_tokens,
-                                warmup=not self.window_open or intended < self.warm_end,
-                                pause_s=(turn.think_time_s if think else 0.0) if ti > first_turn else None,
-                                session_id=f"bench-{self.seed}-{conv.conv_id}")
-            self.records.append(rec)
-            history = replies if self.spec.history == "live" else None
-            res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
-            if self.on_record is not None:
-                self.on_record(rec)
-            if joining and ti == first_turn and slot not in self._joined_slots:
-                self._joined_slots.add(slot)
-                self.joined()
-            if rec.status != "ok":
-                return  # the user leaves; the slot starts a new chat
-            replies.append(res.text)
-            intended = self.t0 + int((rec.end_s or 0.0) * 1e9)
+                delay = (intended - time.perf_counter_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    if not self.may_send(intended):  # another chat used the last request meanwhile
+                        return
+                self.sent += 1
+                rec = RequestRecord(conv.conv_id, ti, conv.character_id, slot, 0.0,
+                                    expected_tokens=turn.reply_tokens,
+                                    warmup=not self.window_open or intended < self.warm_end,
+                                    pause_s=(turn.think_time_s if think else 0.0) if ti > first_turn else None,
+                                    session_id=f"bench-{self.seed}-{conv.conv_id}")
+                self.records.append(rec)
+                history = replies if self.spec.history == "live" else None
+                res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
+                if self.on_record is not None:
+                    self.on_record(rec)
+                if joining and ti == first_turn:
+                    self.joined(slot)
+                if rec.status != "ok":
+                    return  # the user leaves; the slot starts a new chat
+                replies.append(res.text)
+                intended = self.t0 + int((rec.end_s or 0.0) * 1e9)
+        finally:
+            if joining:  # also where it never sent its first turn (joined() is idempotent)
+                self.joined(slot)
 
     async def slot_loop(self, slot: int, first_start: int, think: bool) -> None:
         session = self.t.session()

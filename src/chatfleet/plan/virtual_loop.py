@@ -51,8 +51,8 @@ class _VirtualSelector(selectors.SelectSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """Besides ``time()``: ``next_timer()`` and ``has_ready()`` tell a coroutine whether anything
-    else can run before a given time."""
+    """Besides ``time()``: ``next_timer()``, when the earliest pending timer fires (the selector
+    jumps the clock there when nothing else is ready)."""
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
@@ -68,10 +68,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """When the earliest pending timer fires (a cancelled one may answer early), or None."""
         scheduled = self._scheduled  # asyncio's timer heap (base_events.BaseEventLoop)
         return scheduled[0].when() if scheduled else None
-
-    def has_ready(self) -> bool:
-        """Whether callbacks are due now (they run before the clock moves)."""
-        return bool(self._ready)
 
 
 # A simulation allocates millions of small objects that live for a step; the collector's default
