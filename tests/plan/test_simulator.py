@@ -4,6 +4,8 @@ virtual time; the cost model's roofline; a simulated sweep writes the measured s
 from __future__ import annotations
 
 import asyncio
+import select
+import threading
 import random
 
 import pytest
@@ -152,6 +154,29 @@ def test_virtual_loop_takes_no_wall_time_and_keeps_timer_order():
         return order
 
     assert run_virtual(main(), clock) == [(1.5, 1.5), (3600.0, 3600.0), (86400.0, 86400.0)]
+
+
+def test_virtual_loop_hears_a_wake_up_from_another_thread():
+    """The loop skips the select system call unless a thread wrote to its self-pipe: a thread's
+    ``call_soon_threadsafe`` must still be run (and the pipe drained) before a pending timer."""
+    clock = VirtualClock()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        seen = []
+        worker = threading.Thread(target=lambda: loop.call_soon_threadsafe(fut.set_result, "from thread"))
+        worker.start()
+        worker.join()  # its callback and its byte in the self-pipe are both there now
+        seen.append((await fut, clock()))
+        await asyncio.sleep(5.0)
+        seen.append(("timer", clock()))
+        undrained = select.select([loop._ssock], [], [], 0)[0]  # the thread's byte left in the pipe
+        return seen, undrained
+
+    seen, undrained = run_virtual(main(), clock)
+    assert seen == [("from thread", 0.0), ("timer", 5.0)]
+    assert not undrained  # a real select saw the pipe and the loop drained it
 
 
 def test_roofline_step_cost():

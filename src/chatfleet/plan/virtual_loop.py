@@ -37,17 +37,25 @@ class _VirtualSelector(selectors.SelectSelector):
         super().__init__()
         self.clock = clock
         self.next_timer: Callable[[], float | None] = lambda: None
+        self.poked = False  # a thread woke the loop through its self-pipe (``_write_to_self``)
 
     def select(self, timeout: float | None = None):  # type: ignore[override]
-        ready = super().select(0)  # the loop's self-pipe only; never blocks
-        if ready or timeout == 0:
-            return ready
+        # A real (never blocking) select only where something can be there: the self-pipe after
+        # a wake-up from another thread, or a file a caller registered. Most iterations of a
+        # simulation have neither, and the system call was the loop's largest single cost.
+        if self.poked or len(self._fd_to_key) > 1:
+            self.poked = False
+            ready = super().select(0)
+            if ready:
+                return ready
+        if timeout == 0:
+            return []
         if timeout is None:
             raise RuntimeError("virtual-time loop: every task waits and no timer is pending (deadlock)")
         # land exactly on the timer (``now + (when - now)`` may miss it by a rounding error)
         when = self.next_timer()
         self.clock.advance_to(when if when is not None else self.clock.now + timeout)
-        return ready
+        return []
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -63,6 +71,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.clock.now
+
+    def _write_to_self(self) -> None:  # call_soon_threadsafe's wake-up: the next select looks
+        super()._write_to_self()
+        self._selector.poked = True  # type: ignore[attr-defined]
 
     def next_timer(self) -> float | None:
         """When the earliest pending timer fires (a cancelled one may answer early), or None."""
