@@ -58,3 +58,29 @@ def test_unknown_sessions_and_salted_requests_get_nothing():
     plain = Request("z", list(range(100, 112)), SamplingParams(max_tokens=8), arrival_time=0.0)
     memo.prime("s1", plain)
     assert len(plain.block_hashes) == 2
+
+
+def test_shared_blocks_agree_with_a_token_by_token_count_on_random_histories():
+    """Random chats: the next prompt repeats the old one and grows, drops an old pair, keeps
+    the reply without a header, or shares nothing; the primed blocks are exactly those a
+    token-by-token comparison finds (oracle), capped by the old request's hashes."""
+    rng = random.Random(7)
+    for case in range(300):
+        card = [rng.randrange(1000, 1100) for _ in range(rng.randrange(1, 40))]
+        user = [rng.randrange(1000, 1100) for _ in range(rng.randrange(1, 12))]
+        reply = [rng.randrange(1000, 1100) for _ in range(rng.randrange(1, 20))]
+        old = _request(f"o{case}", card + user, reply)
+        kind = rng.choice(["header", "plain", "dropped", "other"])
+        nxt = [rng.randrange(1000, 1100) for _ in range(rng.randrange(1, 10))]
+        prompt = {"header": card + user + [1, 2, 3] + reply + nxt, "plain": card + user + reply + nxt,
+                  "dropped": card + reply + nxt, "other": nxt + card}[kind]
+        memo = SessionHashes(BS)
+        memo.keep("s", old)
+        new = Request(f"n{case}", prompt, SamplingParams(max_tokens=8), arrival_time=0.0)
+        memo.prime("s", new)
+        both = card + user + reply
+        shared = 0
+        while shared < len(prompt) // BS and prompt[: (shared + 1) * BS] == both[: (shared + 1) * BS]:
+            shared += 1
+        assert len(new.block_hashes) == min(shared, len(old.block_hashes)), (case, kind)
+        assert new.block_hashes == extend_block_hashes([], prompt, BS)[: len(new.block_hashes)], (case, kind)

@@ -23,14 +23,14 @@ class SessionHashes:
     def __init__(self, block_size: int, max_sessions: int = MAX_SESSIONS) -> None:
         self.block_size = block_size
         self.max_sessions = max_sessions
-        self._last: OrderedDict[str, tuple[list[int], list[BlockHash]]] = OrderedDict()
+        self._last: OrderedDict[str, tuple[list[int], list[int], list[BlockHash]]] = OrderedDict()
         self.reused_blocks = 0
 
     def keep(self, session: str, request: Request | None) -> None:
         """Remember a finished request of ``session`` (its tokens and block hashes)."""
         if request is None or request.cache_salt is not None or not request.block_hashes:
             return
-        self._last[session] = (request.prompt_token_ids + request.output_token_ids, request.block_hashes)
+        self._last[session] = (request.prompt_token_ids, request.output_token_ids, request.block_hashes)
         self._last.move_to_end(session)
         while len(self._last) > self.max_sessions:
             self._last.popitem(last=False)
@@ -41,19 +41,37 @@ class SessionHashes:
         last = self._last.get(session)
         if last is None or request is None or request.cache_salt is not None or request.block_hashes:
             return
-        tokens, hashes = last
-        prompt = request.prompt_token_ids
-        bs = self.block_size
-        n = min(len(hashes), len(prompt) // bs)
-        if prompt[: n * bs] != tokens[: n * bs]:  # diverged earlier (history dropped): bisect
-            lo, hi = 0, n  # prompt and tokens agree on lo blocks, not on hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if prompt[: mid * bs] == tokens[: mid * bs]:
-                    lo = mid
-                else:
-                    hi = mid
-            n = lo
+        old_prompt, old_output, hashes = last
+        n = _shared_blocks(request.prompt_token_ids, old_prompt, old_output, self.block_size,
+                           min(len(hashes), len(request.prompt_token_ids) // self.block_size))
         if n:
             request.block_hashes = hashes[:n]
             self.reused_blocks += n
+
+
+def _shared_blocks(prompt: list[int], old_prompt: list[int], old_output: list[int], bs: int, limit: int) -> int:
+    """How many leading whole blocks (at most ``limit``) ``prompt`` shares with ``old_prompt +
+    old_output``. A chat's next prompt most often repeats the old prompt and then diverges (the
+    reply comes back behind a template's header), so that guess is tested first with one
+    comparison; otherwise the divergence is bisected, each step comparing only the blocks between
+    the bounds (so about two prompt lengths of tokens in all)."""
+    guess = min(limit, len(old_prompt) // bs)
+    end = guess * bs
+    if prompt[:end] == old_prompt[:end]:
+        n = guess
+        while n < limit:  # past the old prompt: block by block (usually one, which differs)
+            s, e = n * bs, (n + 1) * bs
+            p = len(old_prompt)
+            old = old_prompt[s:e] if e <= p else old_prompt[s:] + old_output[max(0, s - p):e - p]
+            if prompt[s:e] != old:
+                break
+            n += 1
+        return n
+    lo, hi = 0, guess  # the first lo blocks agree, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if prompt[lo * bs:mid * bs] == old_prompt[lo * bs:mid * bs]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

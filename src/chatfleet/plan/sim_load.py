@@ -72,16 +72,20 @@ class TokenizedWorkload:
     def user(self, conv: Conversation, turn: int) -> list[int]:
         return self._frame["user"] + self._ids(conv.turns[turn].user_tokens, 1, conv.conv_id, turn)
 
-    def prompt(self, conv: Conversation, turn: int, replies: list[list[int]], users: list[list[int]]) -> list[int]:
-        """The request of ``turn``: card, the history kept (oldest pairs dropped as the workload
-        does), the new user turn."""
+    def prompt(self, conv: Conversation, turn: int, replies: list[list[int]], users: list[list[int]],
+               previous: tuple[int, list[int]] | None = None) -> tuple[int, list[int]]:
+        """The request of ``turn`` (with the first history turn it keeps): card, the history kept
+        (oldest pairs dropped as the workload does), the new user turn. ``previous``: what this
+        returned for ``turn - 1``, extended instead of rebuilt where it kept the same history."""
         first = 0
         while first < turn and conv.prompt_tokens(turn, first) > conv.max_prompt_tokens:
             first += 1
+        if previous is not None and previous[0] == first and turn > first:
+            return first, previous[1] + self._frame["assistant"] + replies[turn - 1] + users[turn]
         out = list(self.card(conv))
         for i in range(first, turn):
             out += users[i] + self._frame["assistant"] + replies[i]
-        return out + users[turn]
+        return first, out + users[turn]
 
 
 @dataclass
@@ -108,6 +112,7 @@ class _SimRun:
     async def chat(self, conv: Conversation, slot: int, start: float, think: bool) -> None:
         replies: list[list[int]] = []
         users: list[list[int]] = []
+        built: tuple[int, list[int]] | None = None  # the last prompt sent (its first history turn)
         intended = start
         for ti, turn in enumerate(conv.turns):
             if ti > 0 and think:
@@ -126,8 +131,9 @@ class _SimRun:
             rec.intended_s = intended - self.t0
             self.records.append(rec)
             users.append(self.tw.user(conv, ti))
+            built = self.tw.prompt(conv, ti, replies, users, built)
             req = TurnRequest(f"s{self.seed}-c{conv.conv_id}-t{ti}", f"s{self.seed}-c{conv.conv_id}", ti > 0,
-                              self.tw.prompt(conv, ti, replies, users), self.tw.scaled(turn.reply_tokens))
+                              built[1], self.tw.scaled(turn.reply_tokens))
             reply = await self.target(req, rec, self.t0, intended)
             if self.on_record is not None:
                 self.on_record(rec)
