@@ -156,6 +156,31 @@ def test_virtual_loop_takes_no_wall_time_and_keeps_timer_order():
     assert run_virtual(main(), clock) == [(1.5, 1.5), (3600.0, 3600.0), (86400.0, 86400.0)]
 
 
+def test_a_failing_step_reaches_the_replicas_run():
+    """Steps chain through timer callbacks; an error inside one still ends ``run()`` with it (no
+    silent stall of the requests waiting on the replica)."""
+    clock = VirtualClock()
+    calls = []
+
+    def cost(plan):
+        calls.append(plan)
+        if len(calls) == 3:
+            raise RuntimeError("cost model broke")
+        return _cost(plan)
+
+    replica = ReplicaPlan(_config(0), 40, 0, cost, fast=True, decode_spans=False).build("r", clock)
+
+    async def main():
+        loop_task = asyncio.create_task(replica.run())
+        sender = asyncio.create_task(replica.generate("a", list(range(1, 9)), 6, RequestRecord(0, 0, 0, 0, 0.0), 0.0, 0.0))
+        with pytest.raises(RuntimeError, match="cost model broke"):
+            await loop_task
+        sender.cancel()
+
+    run_virtual(main(), clock)
+    assert len(calls) == 3
+
+
 def test_virtual_loop_hears_a_wake_up_from_another_thread():
     """The loop skips the select system call unless a thread wrote to its self-pipe: a thread's
     ``call_soon_threadsafe`` must still be run (and the pipe drained) before a pending timer."""

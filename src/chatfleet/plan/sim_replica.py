@@ -85,6 +85,8 @@ class SimReplica:
         self._pending: dict[str, _Pending] = {}
         self._histories = SessionHashes(config.cache.block_size)
         self._wake: asyncio.Event | None = None
+        self._stepping: asyncio.Future | None = None  # run() waits on it while steps chain (``_step_now``)
+        self._timer: asyncio.TimerHandle | None = None  # the running step's end
         self._closed = False
         self.busy_s = 0.0  # virtual seconds spent in steps
         # plain decode steps run by plan/decode_span.py: fast mode, exact time only
@@ -133,8 +135,14 @@ class SimReplica:
         return await fut
 
     async def run(self) -> None:
-        """The engine loop: step while there is work, each step taking its cost in virtual time."""
+        """The engine loop: step while there is work, each step taking its cost in virtual time.
+
+        While there is work, steps chain through timer callbacks (``_begin_step`` now, its end at
+        ``start + cost``: deliver, then the next step at once), as a loop of ``await sleep(cost)``
+        would run them, without a task wake-up per step; the coroutine waits until the work runs out.
+        """
         self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
         engine = self.engine
         try:
             while not self._closed:
@@ -143,23 +151,64 @@ class SimReplica:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                if self.decode_spans:
-                    cost = self._span_step()
-                    if cost is not None:
-                        start = self.clock()
-                        self.busy_s += cost
-                        await asyncio.sleep(cost)
-                        self._span_step_done(start, cost)
-                        continue
-                self._step_cost = 0.0
-                start = self.clock()
-                outputs = engine.step()
-                cost = self._step_cost
-                self.busy_s += cost
-                await asyncio.sleep(cost if (outputs or cost > 0) else 1e-3)
-                self._deliver(outputs, start, cost)
+                self._stepping = loop.create_future()
+                self._step_now(loop)
+                await self._stepping
         finally:
+            if self._timer is not None:
+                self._timer.cancel()
             self._end_span()
+
+    def _step_now(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One step starting now; its end (a timer) delivers it and starts the next."""
+        try:
+            if self.decode_spans:
+                cost = self._span_step()
+                if cost is not None:
+                    start = self.clock()
+                    self.busy_s += cost
+                    self._timer = loop.call_at(start + cost, self._span_step_ended, loop, start, cost)
+                    return
+            self._step_cost = 0.0
+            start = self.clock()
+            outputs = self.engine.step()
+            cost = self._step_cost
+            self.busy_s += cost
+            self._timer = loop.call_at(start + (cost if (outputs or cost > 0) else 1e-3),
+                                       self._engine_step_ended, loop, outputs, start, cost)
+        except BaseException as e:  # to run(), as an exception inside its loop would be
+            self._stop_stepping(e)
+
+    def _span_step_ended(self, loop: asyncio.AbstractEventLoop, start: float, cost: float) -> None:
+        try:
+            self._span_step_done(start, cost)
+        except BaseException as e:
+            self._stop_stepping(e)
+            return
+        self._next_step(loop)
+
+    def _engine_step_ended(self, loop: asyncio.AbstractEventLoop, outputs: list[RequestOutput], start: float,
+                           cost: float) -> None:
+        try:
+            self._deliver(outputs, start, cost)
+        except BaseException as e:
+            self._stop_stepping(e)
+            return
+        self._next_step(loop)
+
+    def _next_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if self._stepping is None or self._stepping.done():  # run() was cancelled
+            return
+        if self._closed or not self.engine.has_unfinished_requests():
+            self._stepping.set_result(None)
+        else:
+            self._step_now(loop)
+
+    def _stop_stepping(self, error: BaseException) -> None:
+        self._timer = None
+        if self._stepping is not None and not self._stepping.done():
+            self._stepping.set_exception(error)
 
     def _deliver(self, outputs: list[RequestOutput], start: float, cost: float) -> None:
         """Hand a step's tokens to their requests' records, now (the step's end)."""
