@@ -77,7 +77,7 @@ class TokenizedWorkload:
         """The request of ``turn`` (with the first history turn it keeps): card, the history kept
         (oldest pairs dropped as the workload does), the new user turn. ``previous``: what this
         returned for ``turn - 1``, extended instead of rebuilt where it kept the same history."""
-        first = 0
+        first = previous[0] if previous is not None else 0  # the history only ever loses its oldest turns
         while first < turn and conv.prompt_tokens(turn, first) > conv.max_prompt_tokens:
             first += 1
         if previous is not None and previous[0] == first and turn > first:

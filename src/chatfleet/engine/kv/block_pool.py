@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from chatfleet.engine.kv.block import BlockHash, BlockHint, KVBlock
@@ -174,6 +174,22 @@ class BlockPool:
         if block is None or (block.block_hash is not block_hash and block.block_hash != block_hash):
             return None
         return block
+
+    def lookup_run(self, hashes: Sequence[BlockHash], start: int, stop: int) -> list[KVBlock]:
+        """The blocks holding ``hashes[start:stop]``, in order, up to the first one not held here
+        (``lookup`` of each, in one loop: admission matches hundreds of blocks per request)."""
+        get = self._index.get
+        out: list[KVBlock] = []
+        for i in range(start, stop):
+            block_hash = hashes[i]
+            block = get(block_hash.value)
+            if block is None:
+                break
+            held = block.block_hash
+            if held is not block_hash and held != block_hash:
+                break
+            out.append(block)
+        return out
 
     def forget(self, block: KVBlock) -> None:
         """Drop an unreferenced cached block's contents now (evictable -> free, unindexed)."""

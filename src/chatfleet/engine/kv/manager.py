@@ -42,6 +42,9 @@ class KVBlocks:
         return len(self.block_ids) - self.num_hit_blocks
 
 
+_NOTHING_ADDED = KVBlocks([])  # a growing request's usual answer (its last block has room); shared, read-only
+
+
 @dataclass
 class _RequestKV:
     blocks: list[KVBlock] = field(default_factory=list)
@@ -126,7 +129,7 @@ class KVManager:
             total = request.num_computed_tokens + num_new_tokens
             num_needed = -(-total // self.block_size) - len(state.blocks)
             if num_needed <= 0:
-                return KVBlocks([])
+                return _NOTHING_ADDED
             if num_needed > self.pool.num_free_blocks:
                 return None
             new_blocks = self.pool.allocate(num_needed, request.session_id)

@@ -67,24 +67,10 @@ class PrefixCache:
         if not self.enabled:
             return NO_MATCH
         n = len(hashes) if limit is None else min(limit, len(hashes))
-        blocks: list[KVBlock] = []
-        lookup = self.pool.lookup
-        i = 0
-        while i < n:
-            block = lookup(hashes[i])
-            if block is None:
-                break
-            blocks.append(block)
-            i += 1
+        blocks = self.pool.lookup_run(hashes, 0, n)
         host_blocks: list[KVBlock] = []
         if self.host_pool is not None:
-            lookup = self.host_pool.lookup
-            while i < n:
-                block = lookup(hashes[i])
-                if block is None:
-                    break
-                host_blocks.append(block)
-                i += 1
+            host_blocks = self.host_pool.lookup_run(hashes, len(blocks), n)
         if not blocks and not host_blocks:
             return NO_MATCH
         bs = self.block_size
