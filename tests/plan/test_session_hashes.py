@@ -84,3 +84,24 @@ def test_shared_blocks_agree_with_a_token_by_token_count_on_random_histories():
             shared += 1
         assert len(new.block_hashes) == min(shared, len(old.block_hashes)), (case, kind)
         assert new.block_hashes == extend_block_hashes([], prompt, BS)[: len(new.block_hashes)], (case, kind)
+
+
+def test_a_first_turn_shares_its_cards_blocks_with_the_latest_chat_of_its_group():
+    rng = random.Random(3)
+    card = [rng.randrange(1000, 9000) for _ in range(23)]
+    memo = SessionHashes(BS)
+    other = _request("a-t0", card + [1, 2, 3, 4, 5], [6, 7, 8, 9])
+    memo.keep("a", other, prefix_group="char-1")
+    prompt = card + [11, 12, 13, 14, 15, 16]
+    first = Request("b-t0", list(prompt), SamplingParams(max_tokens=8), arrival_time=0.0)
+    memo.prime("b", first, prefix_group="char-1")
+    assert len(first.block_hashes) == len(card) // BS  # the card's whole blocks, no more
+    assert first.block_hashes == extend_block_hashes([], prompt, BS)[: len(card) // BS]
+    assert all(x is y for x, y in zip(first.block_hashes, other.block_hashes))
+    stranger = Request("c-t0", list(prompt), SamplingParams(max_tokens=8), arrival_time=0.0)
+    memo.prime("c", stranger, prefix_group="char-2")  # another character: nothing to share
+    assert stranger.block_hashes == []
+    memo.keep("b", _request("b-t0x", prompt, [21, 22, 23]), prefix_group="char-1")
+    later = Request("b-t1", prompt + [21, 22, 23, 9, 9, 9, 9], SamplingParams(max_tokens=8), arrival_time=0.0)
+    memo.prime("b", later, prefix_group="char-1")  # its own session first: more than the card
+    assert len(later.block_hashes) > len(card) // BS

@@ -6,7 +6,9 @@ long histories. The simulated replica keeps each session's last finished request
 ``BlockHash`` values the engine computed for it) and hands the new request the hashes of the
 whole blocks both share, compared token by token: the values are those the engine would compute
 (the same function of the same tokens, no salt), it only skips recomputing them. Sharing the
-very objects also lets the pool's lookup confirm a hit by identity.
+very objects also lets the pool's lookup confirm a hit by identity. A conversation's first turn
+takes them the same way from the latest request of its prefix group (the chats of one character
+share its card), if the caller names one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections import OrderedDict
 from chatfleet.engine.kv.block import BlockHash
 from chatfleet.engine.request import Request
 
-MAX_SESSIONS = 1024  # sessions remembered (oldest dropped): enough for the live chats of a replica
+MAX_SESSIONS = 1024  # sessions (and prefix groups) remembered, oldest dropped: enough for the live chats of a replica
+_GROUP = "\x00group:"  # prefix groups' keys, apart from sessions'
 
 
 class SessionHashes:
@@ -26,20 +29,29 @@ class SessionHashes:
         self._last: OrderedDict[str, tuple[list[int], list[int], list[BlockHash]]] = OrderedDict()
         self.reused_blocks = 0
 
-    def keep(self, session: str, request: Request | None) -> None:
-        """Remember a finished request of ``session`` (its tokens and block hashes)."""
+    def keep(self, session: str, request: Request | None, prefix_group: str | None = None) -> None:
+        """Remember a finished request of ``session`` (its tokens and block hashes), also as the
+        latest of ``prefix_group`` (requests that start alike: one character's card)."""
         if request is None or request.cache_salt is not None or not request.block_hashes:
             return
-        self._last[session] = (request.prompt_token_ids, request.output_token_ids, request.block_hashes)
-        self._last.move_to_end(session)
+        entry = (request.prompt_token_ids, request.output_token_ids, request.block_hashes)
+        for key in (session, None if prefix_group is None else _GROUP + prefix_group):
+            if key is not None:
+                self._last[key] = entry
+                self._last.move_to_end(key)
         while len(self._last) > self.max_sessions:
             self._last.popitem(last=False)
 
-    def prime(self, session: str, request: Request | None) -> None:
+    def prime(self, session: str, request: Request | None, prefix_group: str | None = None) -> None:
         """Give a new request of ``session`` the hashes of the whole blocks it shares with the
-        session's previous request (before the engine hashes anything of it)."""
+        session's previous request, or where the session has none yet, with the latest request
+        of ``prefix_group`` (before the engine hashes anything of it)."""
+        if request is None or request.cache_salt is not None or request.block_hashes:
+            return
         last = self._last.get(session)
-        if last is None or request is None or request.cache_salt is not None or request.block_hashes:
+        if last is None and prefix_group is not None:
+            last = self._last.get(_GROUP + prefix_group)
+        if last is None:
             return
         old_prompt, old_output, hashes = last
         n = _shared_blocks(request.prompt_token_ids, old_prompt, old_output, self.block_size,

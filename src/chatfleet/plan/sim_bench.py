@@ -88,7 +88,7 @@ class SimBench(Bench):
 
         async def target(req: TurnRequest, rec, t0: float, intended: float) -> list[int]:
             return await replica.generate(req.request_id, req.prompt, req.max_tokens, rec, t0, intended,
-                                          req.session)
+                                          req.session, req.prefix_group)
 
         start = self.clock()
         try:

@@ -81,7 +81,7 @@ class FleetBench(SimBench):
             served[decision.replica] += 1
             try:
                 return await replicas[decision.replica].generate(req.request_id, req.prompt, req.max_tokens, rec,
-                                                                 t0, intended, req.session)
+                                                                 t0, intended, req.session, req.prefix_group)
             finally:
                 admission.release(decision.replica)
 

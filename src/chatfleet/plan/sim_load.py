@@ -39,6 +39,7 @@ class TurnRequest:
     returning: bool  # a later turn of a conversation in progress
     prompt: list[int]
     max_tokens: int
+    prefix_group: str | None = None  # requests that start with the same prefix (the character's card)
 
 
 # A target serves one request and fills its record; returns the reply's token ids ([] on failure).
@@ -133,7 +134,7 @@ class _SimRun:
             users.append(self.tw.user(conv, ti))
             built = self.tw.prompt(conv, ti, replies, users, built)
             req = TurnRequest(f"s{self.seed}-c{conv.conv_id}-t{ti}", f"s{self.seed}-c{conv.conv_id}", ti > 0,
-                              built[1], self.tw.scaled(turn.reply_tokens))
+                              built[1], self.tw.scaled(turn.reply_tokens), f"s{self.seed}-card{conv.character_id}")
             reply = await self.target(req, rec, self.t0, intended)
             if self.on_record is not None:
                 self.on_record(rec)

@@ -60,6 +60,7 @@ class _Pending:
     intended: float
     future: asyncio.Future
     session: str | None = None
+    prefix_group: str | None = None
     request: Request | None = None  # the engine's, read when it finishes (its block hashes)
     tokens: list[int] = field(default_factory=list)
     last: float | None = None
@@ -109,9 +110,12 @@ class SimReplica:
         return len(self._pending)
 
     async def generate(self, request_id: str, prompt: list[int], max_tokens: int, record: RequestRecord,
-                       t0: float, intended: float, session: str | None = None) -> list[int]:
+                       t0: float, intended: float, session: str | None = None,
+                       prefix_group: str | None = None) -> list[int]:
         """Serve one request; returns its tokens (empty, with the record's status set, on refusal).
-        ``session``: the conversation, whose previous turn's block hashes this one reuses."""
+        ``session``: the conversation, whose previous turn's block hashes this one reuses;
+        ``prefix_group``: requests that start alike (a character's card), whose last one's block
+        hashes a session's first turn reuses."""
         now = self.clock()
         record.sent_s = now - t0
         record.queue_s = max(0.0, now - intended)
@@ -127,9 +131,9 @@ class SimReplica:
         record.http_status = 200
         request = self.engine.get_request(request_id)
         if session is not None:
-            self._histories.prime(session, request)
+            self._histories.prime(session, request, prefix_group)
         fut = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = _Pending(record, t0, intended, fut, session, request)
+        self._pending[request_id] = _Pending(record, t0, intended, fut, session, prefix_group, request)
         if self._wake is not None:
             self._wake.set()
         return await fut
@@ -243,7 +247,7 @@ class SimReplica:
             if out.finished:
                 del self._pending[out.request_id]
                 if p.session is not None:
-                    self._histories.keep(p.session, p.request)
+                    self._histories.keep(p.session, p.request, p.prefix_group)
                 rec.end_s = now - p.t0
                 rec.reply_s = now - p.intended
                 rec.output_tokens = len(p.tokens)
