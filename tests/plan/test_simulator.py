@@ -287,6 +287,11 @@ def test_decode_cost_is_the_same_float_as_the_plans_cost():
             starts = [rng.randrange(0, 40000) for _ in range(rng.randrange(1, 300))]
             plan = SchedulerOutput([ScheduledChunk(f"r{i}", [1], s, [], True, p, 0) for i, s in enumerate(starts)])
             assert cm.decode_cost(len(starts), sum(starts)) == cm(plan)
+            # a prefill or two beside the decodes (the planner's span steps that admit requests)
+            longer = [(rng.randrange(0, 30000), rng.randrange(2, 2048)) for _ in range(rng.randrange(1, 3))]
+            mixed = SchedulerOutput(plan.chunks + [ScheduledChunk(f"p{i}", [1] * n, s, [], i == 0, p, 0)
+                                                   for i, (s, n) in enumerate(longer)])
+            assert cm.batch_cost(len(starts), sum(starts), longer) == cm(mixed)
     windowed = ModelCost(10**9, 2e9, 1024, (GroupCost(8, 1024, 128, 16 * 8 * 1024),), "bf16")
     assert StepCostModel(windowed, load_catalog().get("L4")).decode_cost(2, 10) is None  # no closed form
 

@@ -144,14 +144,16 @@ class Scheduler:
                 budget -= n
 
         if not preempted:
-            budget = self._admit_waiting(budget, chunks)
+            budget = self.admit_waiting(budget, chunks)
 
         return SchedulerOutput(chunks, preempted, self.take_finished_ids(), self.kv.take_transfers())
 
-    def _admit_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> int:
-        """Admit waiting requests in the policy's order while budget and memory last. A request
-        that does not fit stops admission under a head-of-line policy, or when it is overdue;
-        otherwise the next candidate may start (at most ``MAX_SKIPS`` tries per step)."""
+    def admit_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> int:
+        """Admit waiting requests in the policy's order while budget and memory last, appending
+        their chunks; returns the budget left. A request that does not fit stops admission under a
+        head-of-line policy, or when it is overdue; otherwise the next candidate may start (at
+        most ``MAX_SKIPS`` tries per step). ``schedule`` calls it after the running requests'
+        chunks (the planner's decode spans too, at the same point of a step)."""
         now = self.clock()
         limit = min(self.config.max_running - len(self.running), budget)
         skips = 0

@@ -19,7 +19,7 @@ the step costs ``k`` real steps, its transfers once (a simulated block holds ``k
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,12 +130,25 @@ class StepCostModel:
         positions sum to ``sum_starts`` (no transfers), in O(1): the per-chunk sums of ``cost``
         are sums of whole numbers, exact in floating point below 2**53, so this is the same
         float. None where it cannot say (sliding windows, coarse time, sums past 2**53)."""
+        return self.batch_cost(num_requests, sum_starts, ())
+
+    def batch_cost(self, num_decodes: int, sum_starts: int, chunks: Sequence[tuple[int, int]]) -> float | None:
+        """``decode_cost`` plus longer ``chunks`` (start position, tokens) in the same step (a
+        prefill beside the decodes): their terms of ``cost`` are whole or half numbers, so the
+        sums are exact in any order and this is again the same float as ``self(plan)``."""
         m = self.model
         if self.token_scale != 1 or any(g.window is not None for g in m.groups):
             return None
-        # per chunk (n = 1, start s, end s + 1): KV read s + 1 and written 1; pairs s + 1
-        kv_bytes = sum(g.num_layers * g.kv_bytes_per_token_per_layer for g in m.groups) * (sum_starts + 2 * num_requests)
-        attn_pairs = sum(g.num_layers for g in m.groups) * (sum_starts + num_requests)
-        if kv_bytes >= 2**53 or attn_pairs >= 2**53:
+        # per decode chunk (n = 1, start s, end s + 1): KV read s + 1 and written 1; pairs s + 1
+        kv_tokens = sum_starts + 2 * num_decodes
+        twice_pairs = 2 * (sum_starts + num_decodes)
+        tokens = num_decodes
+        for start, n in chunks:  # KV read start + n, written n; pairs n * (2 * start + n + 1) / 2
+            kv_tokens += start + 2 * n
+            twice_pairs += n * (2 * start + n + 1)
+            tokens += n
+        kv_bytes = sum(g.num_layers * g.kv_bytes_per_token_per_layer for g in m.groups) * kv_tokens
+        twice_pairs *= sum(g.num_layers for g in m.groups)
+        if kv_bytes >= 2**53 or twice_pairs >= 2**53:
             return None
-        return self._step_cost(num_requests, float(kv_bytes), float(attn_pairs), 0).total_s
+        return self._step_cost(tokens, float(kv_bytes), twice_pairs / 2, 0).total_s

@@ -11,20 +11,31 @@ Everything else (tokens on the requests, the engine's and runner's counters) is 
 
 A span stays open across steps: its owner calls ``step`` once per engine step, each at the
 step's own time on the event loop (other coroutines and replicas run in between exactly as
-before), checking ``still_plain()`` first (nothing added, aborted or waiting), and ``commit``s
-before anything else reads the requests (the scheduler's next real step). A span starts only
-where the scheduler itself would plan exactly that step (nothing waiting, every running request
+before), checking ``still_plain()`` first (nothing added, aborted or waiting that it cannot
+admit), and ``commit``s before anything else reads the requests (the scheduler's next real step).
+A span starts only where the scheduler itself would plan exactly that step (every running request
 one token behind with a forced length, no logprobs, penalties or stop strings), and a step is
 refused (None) where its blocks are not there: without a host tier a block may come from evicting
 a cached one (``KVManager.allocate`` does it, at the step's time); with one, only from the empty
-list (an eviction would be a transfer in the plan). The step costs are the cost model's own: its
-O(1) ``decode_cost`` when it has one, else ``charge(plan)`` on the plan built here (tests compare
-those plans with the engine's).
+list (an eviction would be a transfer in the plan).
+
+Requests that wait are admitted inside the span's steps (without a host tier, where the owner
+says all its requests are plain): after the decodes' allocations the step calls the scheduler's
+own ``admit_waiting`` with the budget they leave, exactly where ``schedule`` calls it, then
+applies the engine's update to each admitted chunk after the decodes' (register its computed
+blocks; where the chunk ends the prompt, sample, check the stop, process the output for
+``started``). Such a request joins as a lane from the next step; one still mid-prefill ends the
+span after the step. Under head-of-line FCFS a step skips admission where it provably admits
+nothing (``_head_blocked``), so a long queue costs nothing per step.
+
+The step costs are the cost model's own: its O(1) ``decode_cost`` (``batch_cost`` with admitted
+chunks) when it has one, else ``charge(plan)`` on the plan built here (tests compare those plans
+with the engine's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from chatfleet.engine.engine import Engine
@@ -35,20 +46,27 @@ from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.engine.scheduler import RequestUpdate
 
 
+BatchCost = Callable[[int, int, Sequence[tuple[int, int]]], "float | None"]  # StepCostModel.batch_cost
+
+
 @dataclass(eq=False)
 class Lane:
     """One running request in a span."""
 
     index: int  # its place in the running order
     request: Request
-    start: int  # its computed tokens when the span began (step j computes position start + j)
-    outputs: int  # its output tokens when the span began
-    last_token: int  # the token the span's first step computes
+    start: int  # step j computes position start + j (its computed tokens at step 0)
+    outputs: int  # its output tokens at step 0 (so ``outputs + j`` at step j)
+    last_token: int  # the token its first step computes
     finish_step: int  # the span step that samples its last token
-    tokens: list[int] = field(default_factory=list)  # sampled in the span (filled on demand)
-    committed: int = 0  # of ``tokens``, on the request
-    delivered: int = 0  # of ``tokens``, handed to the span's owner (its records)
+    first_step: int = 0  # the step it joined at (> 0: admitted by the span's step first_step - 1)
+    tokens: list[int] = field(default_factory=list)  # sampled at steps first_step, ... (filled on demand)
+    committed: int = 0  # steps whose tokens are on the request (from first_step)
+    delivered: int = 0  # steps whose tokens went to the span's owner (its records)
     alive: bool = True
+
+    def __post_init__(self) -> None:
+        self.committed = self.delivered = self.first_step
 
 
 @dataclass(frozen=True)
@@ -66,57 +84,63 @@ class DecodeSpan:
 
     def __init__(self, engine: Engine, runner: SimRunner, lanes: list[Lane],
                  decode_cost: Callable[[int, int], float | None] | None,
-                 charge: Callable[[SchedulerOutput], float] | None) -> None:
+                 charge: Callable[[SchedulerOutput], float] | None,
+                 batch_cost: BatchCost | None = None, admits: bool = False) -> None:
         self.engine, self.runner, self.lanes = engine, runner, lanes
         self.scheduler = engine.scheduler
         self.kv = engine.kv
         self.block_size = self.kv.block_size
         self._decode_cost = decode_cost
+        self._batch_cost = batch_cost
         self._charge = charge  # builds plans (tests' on_plan, cost models without decode_cost)
         self._evicts = self.kv.host is None  # an eviction without a host tier is no transfer
-        self._tests_head = _tests_head(engine)  # may run while requests wait (``_head_blocked``)
+        self._tests_head = _tests_head(engine)  # may skip admission while requests wait (``_head_blocked``)
+        self._admits = admits and self._evicts  # runs the scheduler's admission in its steps
+        self._plain = True  # False once a step leaves a request the next step cannot run as a lane
         self.costs: list[float] = []
         self.finished: list[Finish] = []  # lanes that finished in the last step
+        self.started: list[RequestOutput] = []  # first outputs of the requests the last step admitted
         self._running = [lane.request for lane in lanes]  # the scheduler's running list, as it must be
         self._unreported = self.scheduler.num_unreported_finished  # finished ids the next plan names
         self._num_alive = len(lanes)
         self._sum_positions = sum(lane.start for lane in lanes)  # of the alive lanes, at the next step
         self._generated = 0  # output tokens of the steps so far, less the finishing ones
         self._counted_tokens = self._counted_steps = 0  # already added to the engine's / runner's counters
-        bs = self.block_size
         self._allocations: dict[int, list[Lane]] = {}  # step -> lanes that need a block, running order
         self._events: dict[int, list[Lane]] = {}  # step -> lanes that fill a block or finish in it
         for lane in lanes:
-            nblocks = self.kv.num_blocks_of(lane.request.request_id)
-            self._allocations.setdefault(nblocks * bs - lane.start, []).append(lane)  # computes position nblocks * bs
-            self._events.setdefault((-(lane.start + 1)) % bs, []).append(lane)  # fills a block
-            if lane.finish_step % bs != (-(lane.start + 1)) % bs:
-                self._events.setdefault(lane.finish_step, []).append(lane)
+            self._track(lane)
+
+    def _track(self, lane: Lane) -> None:
+        """File the lane's first block allocation, block fill and finish under their steps."""
+        bs = self.block_size
+        nblocks = self.kv.num_blocks_of(lane.request.request_id)
+        self._allocations.setdefault(nblocks * bs - lane.start, []).append(lane)  # computes position nblocks * bs
+        fill = lane.first_step + (-(lane.start + lane.first_step + 1)) % bs  # fills a block
+        self._events.setdefault(fill, []).append(lane)
+        if (lane.finish_step - fill) % bs:
+            self._events.setdefault(lane.finish_step, []).append(lane)
 
     @classmethod
     def open(cls, engine: Engine, runner: SimRunner, decode_cost: Callable[[int, int], float | None] | None,
-             charge: Callable[[SchedulerOutput], float] | None) -> DecodeSpan | None:
+             charge: Callable[[SchedulerOutput], float] | None, batch_cost: BatchCost | None = None,
+             admits: bool = False) -> DecodeSpan | None:
         """A span from the scheduler's state now (nothing changed), or None where its next step
-        is not a plain decode step."""
+        is not a plain decode step. ``admits``: the caller's requests are all plain (forced
+        length, no logprobs, penalties or stop strings), so the span's steps may admit them."""
         s = engine.scheduler
         running = s.running
         if (not running or type(engine.kv) is not KVManager or runner.check_contents
-                or len(running) > s.config.max_batched_tokens or (len(s.waiting) and not _tests_head(engine))):
+                or len(running) > s.config.max_batched_tokens
+                or (len(s.waiting) and not (admits and engine.kv.host is None) and not _tests_head(engine))):
             return None
         lanes = []
-        max_len = s.max_model_len
         for r in running:
-            p = r.sampling_params
-            outputs = len(r.output_token_ids)
-            num_tokens = len(r.prompt_token_ids) + outputs
-            if (num_tokens - r.num_computed_tokens != 1 or not outputs or p.min_tokens < p.max_tokens
-                    or p.logprobs is not None or p.prompt_logprobs is not None or p.stop or p.uses_token_history):
+            lane = _lane(len(lanes), r, 0, s.max_model_len)
+            if lane is None:
                 return None
-            finish = min(p.max_tokens - outputs, max_len - num_tokens) - 1
-            if finish < 0:
-                return None
-            lanes.append(Lane(len(lanes), r, r.num_computed_tokens, outputs, r.output_token_ids[-1], finish))
-        return cls(engine, runner, lanes, decode_cost, charge)
+            lanes.append(lane)
+        return cls(engine, runner, lanes, decode_cost, charge, batch_cost, admits)
 
     @property
     def num_steps(self) -> int:
@@ -124,14 +148,15 @@ class DecodeSpan:
 
     def still_plain(self) -> bool:
         """After other code ran: is the next step still this span's (nothing added, aborted or
-        waiting)?"""
+        waiting that the span cannot admit)?"""
         s = self.scheduler
-        return ((not len(s.waiting) or self._tests_head) and s.num_unreported_finished == self._unreported
-                and s.running == self._running)
+        return (self._plain and (not len(s.waiting) or self._tests_head or self._admits)
+                and s.num_unreported_finished == self._unreported and s.running == self._running)
 
     def step(self) -> float | None:
         """Run the next step and return its cost, or None (nothing done) where the free list
-        cannot supply its blocks; ``finished`` then names the lanes that finished in it."""
+        cannot supply its blocks; ``finished`` then names the lanes that finished in it, and
+        ``started`` the first outputs of the requests it admitted."""
         j = len(self.costs)
         allocations = self._allocations.get(j)
         needed = 0
@@ -140,13 +165,17 @@ class DecodeSpan:
             pool = self.kv.pool
             if needed > (pool.num_free_blocks if self._evicts else pool.num_empty_blocks):
                 return None
-        if len(self.scheduler.waiting) and not self._head_blocked(needed):
-            return None
+        admitting = False
+        if len(self.scheduler.waiting) and not (self._tests_head and self._head_blocked(needed)):
+            if not self._admits:
+                return None
+            admitting = True
         finished_ids = self.scheduler.take_finished_ids() if self._unreported else []
         if finished_ids:
             self.runner.forget(finished_ids)
         self._unreported = 0
         self.finished = []
+        self.started = []
         if allocations is not None:
             del self._allocations[j]
             later = self._allocations.setdefault(j + self.block_size, [])
@@ -157,10 +186,17 @@ class DecodeSpan:
                         raise AssertionError("decode span: a counted free block was not there")
                     later.append(lane)
         n = self._num_alive
-        cost = self._decode_cost(n, self._sum_positions) if self._decode_cost is not None else None
+        admitted: list[ScheduledChunk] = []
+        if admitting:  # the scheduler's own admission, where schedule() runs it (after the decodes)
+            self.scheduler.admit_waiting(self.scheduler.config.max_batched_tokens - n, admitted)
+        cost = None
+        if not admitted and self._decode_cost is not None:
+            cost = self._decode_cost(n, self._sum_positions)
+        elif admitted and self._batch_cost is not None:
+            cost = self._batch_cost(n, self._sum_positions, [(c.start_position, c.num_tokens) for c in admitted])
         if cost is None:
             assert self._charge is not None
-            cost = self._charge(self._plan(j, finished_ids))
+            cost = self._charge(self._plan(j, finished_ids, admitted))
         self.costs.append(cost)
         self._sum_positions += n
         self._generated += n
@@ -177,7 +213,49 @@ class DecodeSpan:
                     self._sync(lane, j, lane.start + j + 1)  # in update, before its token is appended
                     self.kv.cache_computed(lane.request)
                     later.append(lane)
+        if admitted:
+            running = self.scheduler.running  # the admitted ones last, in order: they may join as lanes
+            last = [r.request_id for r in running[len(running) - len(admitted):]] == [c.request_id for c in admitted]
+            for chunk in admitted:  # the update's order: after the running requests
+                self._start(chunk, j, last)
+            self._running = list(running)
         return cost
+
+    def _start(self, chunk: ScheduledChunk, j: int, last: bool) -> None:
+        """The engine's update of an admitted request's chunk at step ``j``; a request whose
+        prompt it completes samples its first token (an output for ``started``) and, unless that
+        finished it, joins the span as a lane from step ``j + 1`` (``last``: the admitted requests
+        came last in the running order, as lanes must)."""
+        s = self.scheduler
+        r = s.requests[chunk.request_id]
+        p = r.sampling_params
+        if (p.min_tokens < p.max_tokens or p.logprobs is not None or p.prompt_logprobs is not None or p.stop
+                or p.uses_token_history):
+            raise AssertionError(f"decode span: admitted {r.request_id}, which is not plain")
+        r.num_computed_tokens += chunk.num_tokens
+        self.kv.cache_computed(r)
+        if not chunk.sample:  # mid-prefill: the next step is not a decode step
+            self._plain = False
+            return
+        token = self.runner.fast_token(r.request_id, chunk.context_length, r.eos_token_id, p.stop_token_ids)
+        r.output_token_ids.append(token)
+        stop_reason = s._check_stop(r, token)
+        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
+        if processed.stopped or len(processed.outputs) != 1:
+            raise AssertionError("decode span: a stop string in a span")
+        self.engine.note_outputs(processed.outputs)
+        self.started.append(processed.outputs[0])
+        if r.is_finished:
+            self._unreported += 1
+            return
+        lane = _lane(len(self.lanes), r, j + 1, s.max_model_len) if last else None
+        if lane is None:  # the next step is not a plain decode step
+            self._plain = False
+            return
+        self.lanes.append(lane)
+        self._track(lane)
+        self._num_alive += 1
+        self._sum_positions += lane.start + j + 1
 
     def _head_blocked(self, num_allocated: int) -> bool:
         """Whether the scheduler's admission, after this step's ``num_allocated`` decode blocks,
@@ -218,7 +296,7 @@ class DecodeSpan:
         self._sync(lane, j, lane.start + j)
         r.num_computed_tokens += 1
         self.kv.cache_computed(r)
-        token = self.tokens(lane, j + 1)[j]
+        token = self.tokens(lane, j, j + 1)[0]
         r.output_token_ids.append(token)
         lane.committed = j + 1
         stop_reason = self.scheduler._check_stop(r, token)
@@ -236,39 +314,40 @@ class DecodeSpan:
         self._running = [x.request for x in self.lanes if x.alive]
         self.finished.append(Finish(lane, j, processed.outputs[0]))
 
-    def tokens(self, lane: Lane, n: int) -> list[int]:
-        """The lane's first ``n`` sampled tokens (``n`` at most the steps run), as the fast
-        runner samples them."""
-        have = len(lane.tokens)
-        if have < n:
+    def tokens(self, lane: Lane, a: int, b: int) -> list[int]:
+        """The tokens the lane samples at steps ``a`` to ``b - 1`` (``first_step <= a``, ``b`` at most
+        the steps run), as the fast runner samples them."""
+        base = lane.first_step
+        have = base + len(lane.tokens)
+        if have < b:
             r = lane.request
-            lane.tokens.extend(self.runner.fast_tokens(r.request_id, lane.start + have + 1, n - have,
+            lane.tokens.extend(self.runner.fast_tokens(r.request_id, lane.start + have + 1, b - have,
                                                        r.eos_token_id, r.sampling_params.stop_token_ids))
-        return lane.tokens
+        return lane.tokens[a - base:b - base]
 
     def _sync(self, lane: Lane, sampled: int, computed: int) -> None:
         """Put the request where the engine has it mid-step: the span's first ``sampled`` tokens
         on its list, ``computed`` tokens with KV."""
         r = lane.request
         if sampled > lane.committed:
-            r.output_token_ids.extend(self.tokens(lane, sampled)[lane.committed:sampled])
+            r.output_token_ids.extend(self.tokens(lane, lane.committed, sampled))
             lane.committed = sampled
         r.num_computed_tokens = computed
 
-    def _plan(self, j: int, finished_ids: list[str]) -> SchedulerOutput:
+    def _plan(self, j: int, finished_ids: list[str], admitted: list[ScheduledChunk]) -> SchedulerOutput:
         """The plan the scheduler would make for step ``j`` (blocks as allocated above)."""
         chunks = []
         for lane in self.lanes:
             if not lane.alive:
                 continue
             r = lane.request
-            token = self.tokens(lane, j)[j - 1] if j else lane.last_token
+            token = self.tokens(lane, j - 1, j)[0] if j > lane.first_step else lane.last_token
             chunks.append(ScheduledChunk(
                 request_id=r.request_id, token_ids=[token], start_position=lane.start + j,
                 block_table=self.kv.block_ids(r.request_id), sample=True, sampling_params=r.sampling_params,
                 num_output_tokens=lane.outputs + j, eos_token_id=r.eos_token_id, want_prompt_logprobs=False,
                 group_block_tables=self.kv.group_block_ids(r.request_id)))
-        return SchedulerOutput(chunks, [], finished_ids, [])
+        return SchedulerOutput(chunks + admitted, [], finished_ids, [])
 
     def commit(self) -> None:
         """Write every step run so far onto the alive lanes' requests and the engine's and
@@ -288,6 +367,22 @@ def _tests_head(engine: Engine) -> bool:
     and a device pool alone (no host tier: its hits and demotions are transfers)."""
     waiting = engine.scheduler.waiting
     return getattr(waiting, "name", None) == "fcfs" and waiting.head_of_line and engine.kv.host is None
+
+
+def _lane(index: int, r: Request, step: int, max_len: int) -> Lane | None:
+    """The request as a lane from span step ``step`` (one token behind, a forced length, no
+    logprobs, penalties or stop strings), or None where its steps are not plain decodes."""
+    p = r.sampling_params
+    outputs = len(r.output_token_ids)
+    num_tokens = len(r.prompt_token_ids) + outputs
+    if (num_tokens - r.num_computed_tokens != 1 or not outputs or p.min_tokens < p.max_tokens
+            or p.logprobs is not None or p.prompt_logprobs is not None or p.stop or p.uses_token_history):
+        return None
+    finish = min(p.max_tokens - outputs, max_len - num_tokens) - 1
+    if finish < 0:
+        return None
+    return Lane(index, r, r.num_computed_tokens - step, outputs - step, r.output_token_ids[-1], step + finish,
+                first_step=step)
 
 
 def _index(lane: Lane) -> int:

@@ -93,6 +93,7 @@ class SimReplica:
         # plain decode steps run by plan/decode_span.py: fast mode, exact time only
         self.decode_spans = decode_spans and fast and token_scale == 1
         self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
+        self._batch_cost = getattr(cost_model, "batch_cost", None) if on_plan is None else None
         self.span_steps = 0  # steps run inside decode spans
         self._span: DecodeSpan | None = None  # open across steps while they stay plain
         self._span_done = 0  # its steps that have ended (their records may be written)
@@ -270,7 +271,8 @@ class SimReplica:
             self._end_span()
             span = None
         if span is None:
-            span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge)
+            span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge, self._batch_cost,
+                                   admits=True)
             if span is None:
                 return None
             now = self.clock()
@@ -295,6 +297,8 @@ class SimReplica:
         for fin in span.finished:
             self._flush_lane(span, fin.lane, fin.step, start)
             self._deliver([fin.output], start, cost)
+        if span.started:
+            self._deliver(span.started, start, cost)
         self._span_done, self._span_end = span.num_steps, self.clock()
 
     def _flush_lane(self, span: DecodeSpan, lane: Lane, upto: int, end: float) -> None:
@@ -304,7 +308,7 @@ class SimReplica:
         p = self._pending.get(lane.request.request_id)
         if p is not None:
             p.record.itl_s.extend(span.costs[lane.delivered:upto])
-            p.tokens.extend(span.tokens(lane, upto)[lane.delivered:upto])
+            p.tokens.extend(span.tokens(lane, lane.delivered, upto))
             p.last = end
         lane.delivered = upto
 
