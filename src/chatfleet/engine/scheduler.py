@@ -139,7 +139,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                chunks.append(self._chunk(request, n))
+                chunks.append(self.chunk(request, n))
                 scheduled.add(request.request_id)
                 budget -= n
 
@@ -178,7 +178,7 @@ class Scheduler:
                 request.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=_arrival)
-            chunks.append(self._chunk(request, n))
+            chunks.append(self.chunk(request, n))
             budget -= n
         return budget
 
@@ -191,7 +191,8 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.push_front(request)
 
-    def _chunk(self, request: Request, n: int) -> ScheduledChunk:
+    def chunk(self, request: Request, n: int) -> ScheduledChunk:
+        """The chunk of a running request's next ``n`` tokens (its KV blocks already allocated)."""
         start = request.num_computed_tokens
         end = start + n
         p = request.num_prompt_tokens
@@ -244,7 +245,7 @@ class Scheduler:
                 continue
             sampled = result.sampled[chunk.request_id]
             request.output_token_ids.append(sampled.token_id)
-            stop_reason = self._check_stop(request, sampled.token_id)
+            stop_reason = self.check_stop(request, sampled.token_id)
             logprobs = [sampled.logprob] if sampled.logprob is not None else None
             updates.append(
                 RequestUpdate(
@@ -254,7 +255,7 @@ class Scheduler:
             )
         return updates
 
-    def _check_stop(self, request: Request, token_id: int) -> int | None:
+    def check_stop(self, request: Request, token_id: int) -> int | None:
         """Finish the request if this token ends it; return the stop token id when one did."""
         params = request.sampling_params
         status = None

@@ -5,7 +5,7 @@ waits. The plan of such a step is known without asking the scheduler (a one-toke
 running request, in the running order), so a ``DecodeSpan`` runs it directly, in the engine's
 own order of effects: the step's allocations (``KVManager.allocate``, running order), then per
 request in that order its filled block's registration (``KVManager.cache_computed``) and, for a
-request that reaches its length, the engine's own ``_check_stop``, output processor and counters.
+request that reaches its length, the engine's own ``check_stop``, output processor and counters.
 Everything else (tokens on the requests, the engine's and runner's counters) is written only at
 ``commit``, so a step costs O(1) plus the few requests that fill a block or finish in it.
 
@@ -85,8 +85,11 @@ class DecodeSpan:
     def __init__(self, engine: Engine, runner: SimRunner, lanes: list[Lane],
                  decode_cost: Callable[[int, int], float | None] | None,
                  charge: Callable[[SchedulerOutput], float] | None,
-                 batch_cost: BatchCost | None = None, admits: bool = False) -> None:
-        self.engine, self.runner, self.lanes = engine, runner, lanes
+                 batch_cost: BatchCost | None = None, admits: bool = False,
+                 prefilling: list[Request] | None = None) -> None:
+        self.engine, self.runner, self.lanes = engine, runner, lanes  # dead ones dropped as lanes join
+        self._next_index = len(lanes)  # a joining lane's place in the running order (a sort key)
+        self._prefilling = prefilling or []  # running requests mid-prefill (running order): chunks of their own
         self.scheduler = engine.scheduler
         self.kv = engine.kv
         self.block_size = self.kv.block_size
@@ -100,7 +103,7 @@ class DecodeSpan:
         self.costs: list[float] = []
         self.finished: list[Finish] = []  # lanes that finished in the last step
         self.started: list[RequestOutput] = []  # first outputs of the requests the last step admitted
-        self._running = [lane.request for lane in lanes]  # the scheduler's running list, as it must be
+        self._running = list(self.scheduler.running)  # the scheduler's running list, as it must be
         self._unreported = self.scheduler.num_unreported_finished  # finished ids the next plan names
         self._num_alive = len(lanes)
         self._sum_positions = sum(lane.start for lane in lanes)  # of the alive lanes, at the next step
@@ -130,17 +133,22 @@ class DecodeSpan:
         length, no logprobs, penalties or stop strings), so the span's steps may admit them."""
         s = engine.scheduler
         running = s.running
+        admits = admits and engine.kv.host is None
         if (not running or type(engine.kv) is not KVManager or runner.check_contents
                 or len(running) > s.config.max_batched_tokens
-                or (len(s.waiting) and not (admits and engine.kv.host is None) and not _tests_head(engine))):
+                or (len(s.waiting) and not admits and not _tests_head(engine))):
             return None
-        lanes = []
+        lanes: list[Lane] = []
+        prefilling: list[Request] = []
         for r in running:
             lane = _lane(len(lanes), r, 0, s.max_model_len)
-            if lane is None:
+            if lane is not None:
+                lanes.append(lane)
+            elif admits and r.num_tokens - r.num_computed_tokens > 1 and _plain(r):
+                prefilling.append(r)
+            else:
                 return None
-            lanes.append(lane)
-        return cls(engine, runner, lanes, decode_cost, charge, batch_cost, admits)
+        return cls(engine, runner, lanes, decode_cost, charge, batch_cost, admits, prefilling)
 
     @property
     def num_steps(self) -> int:
@@ -156,21 +164,35 @@ class DecodeSpan:
     def step(self) -> float | None:
         """Run the next step and return its cost, or None (nothing done) where the free list
         cannot supply its blocks; ``finished`` then names the lanes that finished in it, and
-        ``started`` the first outputs of the requests it admitted."""
+        ``started`` the first outputs of the requests whose prompt it completed."""
         j = len(self.costs)
+        s, kv = self.scheduler, self.kv
+        n = self._num_alive
+        budget = s.config.max_batched_tokens - n  # after the decodes, as schedule() counts it
+        if budget < 0:
+            return None
         allocations = self._allocations.get(j)
         needed = 0
         if allocations is not None:
             needed = sum(1 for lane in allocations if lane.alive)
-            pool = self.kv.pool
+        continuing: list[tuple[Request, int]] = []  # schedule()'s "others": prefills, running order
+        for r in self._prefilling:
+            if budget == 0:
+                break
+            k = min(r.num_tokens - r.num_computed_tokens, budget)
+            needed += kv.new_blocks_needed(r, k)
+            continuing.append((r, k))
+            budget -= k
+        if needed:
+            pool = kv.pool
             if needed > (pool.num_free_blocks if self._evicts else pool.num_empty_blocks):
-                return None
+                return None  # the engine would preempt (or, with a host tier, may transfer)
         admitting = False
-        if len(self.scheduler.waiting) and not (self._tests_head and self._head_blocked(needed)):
+        if len(s.waiting) and not (self._tests_head and self._head_blocked(needed, budget)):
             if not self._admits:
                 return None
             admitting = True
-        finished_ids = self.scheduler.take_finished_ids() if self._unreported else []
+        finished_ids = s.take_finished_ids() if self._unreported else []
         if finished_ids:
             self.runner.forget(finished_ids)
         self._unreported = 0
@@ -182,21 +204,24 @@ class DecodeSpan:
             for lane in allocations:
                 if lane.alive:
                     lane.request.num_computed_tokens = lane.start + j  # while scheduling step j
-                    if self.kv.allocate(lane.request, 1) is None:
+                    if kv.allocate(lane.request, 1) is None:
                         raise AssertionError("decode span: a counted free block was not there")
                     later.append(lane)
-        n = self._num_alive
-        admitted: list[ScheduledChunk] = []
-        if admitting:  # the scheduler's own admission, where schedule() runs it (after the decodes)
-            self.scheduler.admit_waiting(self.scheduler.config.max_batched_tokens - n, admitted)
+        chunks: list[ScheduledChunk] = []  # besides the decodes: prefills, then admitted requests
+        for r, k in continuing:
+            if kv.allocate(r, k) is None:
+                raise AssertionError("decode span: a counted free block was not there")
+            chunks.append(s.chunk(r, k))
+        if admitting:  # the scheduler's own admission, where schedule() runs it
+            s.admit_waiting(budget, chunks)
         cost = None
-        if not admitted and self._decode_cost is not None:
+        if not chunks and self._decode_cost is not None:
             cost = self._decode_cost(n, self._sum_positions)
-        elif admitted and self._batch_cost is not None:
-            cost = self._batch_cost(n, self._sum_positions, [(c.start_position, c.num_tokens) for c in admitted])
+        elif chunks and self._batch_cost is not None:
+            cost = self._batch_cost(n, self._sum_positions, [(c.start_position, c.num_tokens) for c in chunks])
         if cost is None:
             assert self._charge is not None
-            cost = self._charge(self._plan(j, finished_ids, admitted))
+            cost = self._charge(self._plan(j, finished_ids, chunks))
         self.costs.append(cost)
         self._sum_positions += n
         self._generated += n
@@ -211,35 +236,31 @@ class DecodeSpan:
                     self._finish(lane, j)
                 else:
                     self._sync(lane, j, lane.start + j + 1)  # in update, before its token is appended
-                    self.kv.cache_computed(lane.request)
+                    kv.cache_computed(lane.request)
                     later.append(lane)
-        if admitted:
-            running = self.scheduler.running  # the admitted ones last, in order: they may join as lanes
-            last = [r.request_id for r in running[len(running) - len(admitted):]] == [c.request_id for c in admitted]
-            for chunk in admitted:  # the update's order: after the running requests
-                self._start(chunk, j, last)
-            self._running = list(running)
+        if chunks:
+            sampled = [r for r in (self._start(c) for c in chunks) if r is not None]  # the update's order
+            self._join(sampled, j)
+            self._running = list(s.running)
         return cost
 
-    def _start(self, chunk: ScheduledChunk, j: int, last: bool) -> None:
-        """The engine's update of an admitted request's chunk at step ``j``; a request whose
-        prompt it completes samples its first token (an output for ``started``) and, unless that
-        finished it, joins the span as a lane from step ``j + 1`` (``last``: the admitted requests
-        came last in the running order, as lanes must)."""
+    def _start(self, chunk: ScheduledChunk) -> Request | None:
+        """The engine's update of a prefill chunk (of a request mid-prefill or just admitted): its
+        computed blocks registered; where it ends the prompt, its first token sampled, the stop
+        checked and the output processed (for ``started``). Returns the request where it now
+        decodes (sampled and not finished)."""
         s = self.scheduler
         r = s.requests[chunk.request_id]
-        p = r.sampling_params
-        if (p.min_tokens < p.max_tokens or p.logprobs is not None or p.prompt_logprobs is not None or p.stop
-                or p.uses_token_history):
-            raise AssertionError(f"decode span: admitted {r.request_id}, which is not plain")
+        if not _plain(r):
+            raise AssertionError(f"decode span: a prefill of {r.request_id}, which is not plain")
         r.num_computed_tokens += chunk.num_tokens
         self.kv.cache_computed(r)
-        if not chunk.sample:  # mid-prefill: the next step is not a decode step
-            self._plain = False
-            return
+        if not chunk.sample:
+            return None
+        p = r.sampling_params
         token = self.runner.fast_token(r.request_id, chunk.context_length, r.eos_token_id, p.stop_token_ids)
         r.output_token_ids.append(token)
-        stop_reason = s._check_stop(r, token)
+        stop_reason = s.check_stop(r, token)
         processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
         if processed.stopped or len(processed.outputs) != 1:
             raise AssertionError("decode span: a stop string in a span")
@@ -247,27 +268,43 @@ class DecodeSpan:
         self.started.append(processed.outputs[0])
         if r.is_finished:
             self._unreported += 1
-            return
-        lane = _lane(len(self.lanes), r, j + 1, s.max_model_len) if last else None
-        if lane is None:  # the next step is not a plain decode step
-            self._plain = False
-            return
-        self.lanes.append(lane)
-        self._track(lane)
-        self._num_alive += 1
-        self._sum_positions += lane.start + j + 1
+            return None
+        return r
 
-    def _head_blocked(self, num_allocated: int) -> bool:
-        """Whether the scheduler's admission, after this step's ``num_allocated`` decode blocks,
-        certainly admits nothing (so the step is still plain). Under head-of-line FCFS it tries
+    def _join(self, sampled: list[Request], j: int) -> None:
+        """Requests that decode from step ``j + 1`` on become lanes where they follow every lane in
+        the running order (the decodes' order in a plan); otherwise the span ends after this step.
+        The rest of the running requests that are not lanes are mid-prefill."""
+        s = self.scheduler
+        self.lanes = [lane for lane in self.lanes if lane.alive]  # a span may outlive thousands of requests
+        lane_of = {id(lane.request): lane for lane in self.lanes}
+        if sampled:
+            position = {id(r): i for i, r in enumerate(s.running)}
+            last = max((position[id(r)] for r in (lane.request for lane in lane_of.values())), default=-1)
+            for r in sorted(sampled, key=lambda r: position[id(r)]):
+                lane = _lane(self._next_index, r, j + 1, s.max_model_len) if position[id(r)] > last else None
+                if lane is None:
+                    self._plain = False
+                    return
+                last = position[id(r)]
+                self._next_index += 1
+                self.lanes.append(lane)
+                lane_of[id(r)] = lane
+                self._track(lane)
+                self._num_alive += 1
+                self._sum_positions += lane.start + j + 1
+        self._prefilling = [r for r in s.running if id(r) not in lane_of]
+
+    def _head_blocked(self, num_allocated: int, budget: int) -> bool:
+        """Whether the scheduler's admission, after this step's ``num_allocated`` blocks and with
+        ``budget`` tokens left, certainly admits nothing (so the step need not try). Under head-of-line FCFS it tries
         only the head: it is blocked when the budget or the batch is full, or when the head's
         blocks (``KVManager.free_blocks_needed`` of its prefix match) exceed the free blocks left
         and the decode blocks evict none of its matched blocks (LRU's order says which they
         evict), so the match it gets then is the one tested here."""
         s, kv = self.scheduler, self.kv
         cfg = s.config
-        budget = cfg.max_batched_tokens - self._num_alive
-        if budget <= 0 or self._num_alive >= cfg.max_running:
+        if budget <= 0 or len(s.running) >= cfg.max_running:
             return True
         head = s.waiting.peek()
         pool = kv.pool
@@ -299,7 +336,7 @@ class DecodeSpan:
         token = self.tokens(lane, j, j + 1)[0]
         r.output_token_ids.append(token)
         lane.committed = j + 1
-        stop_reason = self.scheduler._check_stop(r, token)
+        stop_reason = self.scheduler.check_stop(r, token)
         if r.status != RequestStatus.FINISHED_LENGTH:
             raise AssertionError(f"decode span: {r.request_id} did not finish by length where it must")
         processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
@@ -311,7 +348,7 @@ class DecodeSpan:
         self._sum_positions -= lane.start + j + 1
         self._generated -= 1  # counted by note_outputs
         self._unreported += 1
-        self._running = [x.request for x in self.lanes if x.alive]
+        self._running = list(self.scheduler.running)
         self.finished.append(Finish(lane, j, processed.outputs[0]))
 
     def tokens(self, lane: Lane, a: int, b: int) -> list[int]:
@@ -369,14 +406,21 @@ def _tests_head(engine: Engine) -> bool:
     return getattr(waiting, "name", None) == "fcfs" and waiting.head_of_line and engine.kv.host is None
 
 
+def _plain(r: Request) -> bool:
+    """A forced length, no logprobs, penalties or stop strings: the engine's update of its steps
+    is what a span runs."""
+    p = r.sampling_params
+    return not (p.min_tokens < p.max_tokens or p.logprobs is not None or p.prompt_logprobs is not None or p.stop
+                or p.uses_token_history)
+
+
 def _lane(index: int, r: Request, step: int, max_len: int) -> Lane | None:
     """The request as a lane from span step ``step`` (one token behind, a forced length, no
     logprobs, penalties or stop strings), or None where its steps are not plain decodes."""
     p = r.sampling_params
     outputs = len(r.output_token_ids)
     num_tokens = len(r.prompt_token_ids) + outputs
-    if (num_tokens - r.num_computed_tokens != 1 or not outputs or p.min_tokens < p.max_tokens
-            or p.logprobs is not None or p.prompt_logprobs is not None or p.stop or p.uses_token_history):
+    if num_tokens - r.num_computed_tokens != 1 or not outputs or not _plain(r):
         return None
     finish = min(p.max_tokens - outputs, max_len - num_tokens) - 1
     if finish < 0:

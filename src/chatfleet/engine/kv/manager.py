@@ -177,6 +177,13 @@ class KVManager:
         total = request.num_computed_tokens + (num_hit + num_host) * self.block_size + num_new_tokens
         return max(-(-total // self.block_size) - num_held - num_hit, 0)
 
+    def new_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """Blocks ``allocate(request, num_new_tokens)`` takes from the pool for a request that
+        holds KV already (a growing one)."""
+        state = self._requests.get(request.request_id)
+        held = len(state.blocks) if state is not None else 0
+        return max(-(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - held, 0)
+
     def free_blocks_needed(self, request: Request, num_new_tokens: int, prefix: MatchResult) -> int:
         """Free-list blocks ``allocate(request, num_new_tokens, prefix=prefix)`` would take for a
         request without KV (new blocks plus revived cached hits); it returns None when the pool
