@@ -95,20 +95,25 @@ class BlockPool:
         if n > self.num_free_blocks:
             raise KVIntegrityError(f"asked for {n} blocks, only {self.num_free_blocks} available")
         out = []
-        free = self._free
-        for _ in range(n):
-            if free:
-                block = free.popleft()
-            else:
-                block = self._evictable.pop()
-                assert block.block_hash is not None
-                if self.on_evict is not None:
-                    self.on_evict(Eviction(block.block_id, block.block_hash, block.hint()))
-                self._drop_hash(block)
-                self.num_evictions += 1
-            block.take_new(session_id)
-            block.ref_cnt = 1
+        free, index, on_evict = self._free, self._index, self.on_evict
+        num_free = min(n, len(free))
+        for _ in range(num_free):
+            out.append(free.popleft())
+        pop = self._evictable.pop
+        for _ in range(n - num_free):  # evictions (hot once the pool is full of cached blocks)
+            block = pop()
+            block_hash = block.block_hash
+            assert block_hash is not None
+            if on_evict is not None:
+                on_evict(Eviction(block.block_id, block_hash, block.hint()))
+            del index[block_hash.value]  # ``_drop_hash``
+            block.block_hash = None
             out.append(block)
+        self.num_evictions += n - num_free
+        for block in out:  # ``KVBlock.take_new``, inlined: the allocation hot path
+            block.session_id = session_id
+            block.last_use = 0.0
+            block.num_uses = block.num_sessions = block.ref_cnt = 1
         self._num_used += n
         return out
 
@@ -121,12 +126,18 @@ class BlockPool:
 
     def touch(self, blocks: list[KVBlock], session_id: str | None = None) -> None:
         """Add a reference to each block (prefix-cache hits); revives unreferenced cached blocks."""
+        remove = self._evictable.remove
+        revived = 0
         for block in blocks:
             if block.ref_cnt == 0:
-                self._evictable.remove(block)
-                self._num_used += 1
+                remove(block)
+                revived += 1
             block.ref_cnt += 1
-            block.note_use(session_id)
+            block.num_uses += 1  # ``KVBlock.note_use``, inlined: hundreds of blocks per prefix hit
+            if block.num_sessions == 0 or session_id != block.session_id:
+                block.num_sessions += 1
+                block.session_id = session_id
+        self._num_used += revived
 
     def free(self, blocks: list[KVBlock], *, stamp: bool = True) -> None:
         """Drop one reference from each block, in the given order.
@@ -136,21 +147,29 @@ class BlockPool:
         """
         now = self._clock()
         hinted, add, append = self._hinted, self._evictable.add, self._free.append
+        cached: list[KVBlock] = []  # released with contents, in order (to the policy at the end)
         released = 0
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                self._num_used -= released
-                raise KVIntegrityError(f"freeing {block!r}, which is not in use")
-            block.ref_cnt -= 1
-            if stamp:
-                block.last_use = now
-            if block.ref_cnt == 0:
-                released += 1
-                if block.block_hash is None:
-                    append(block)
-                else:
-                    add(block, block.hint() if hinted else None)
-        self._num_used -= released
+        try:
+            for block in blocks:
+                ref = block.ref_cnt
+                if ref <= 0:
+                    raise KVIntegrityError(f"freeing {block!r}, which is not in use")
+                block.ref_cnt = ref = ref - 1
+                if stamp:
+                    block.last_use = now
+                if not ref:
+                    released += 1
+                    if block.block_hash is None:
+                        append(block)
+                    else:
+                        cached.append(block)
+        finally:
+            self._num_used -= released
+            if hinted:
+                for block in cached:
+                    add(block, block.hint())
+            else:
+                self._evictable.add_all(cached)
 
     # ---- hash index ---------------------------------------------------------------------------
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from operator import attrgetter
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -28,6 +29,7 @@ from chatfleet.errors import KVIntegrityError
 from chatfleet.registry import Registry
 
 Clock = Callable[[], float]
+_block_id = attrgetter("block_id")
 
 
 class EvictionPolicy(Protocol):
@@ -35,6 +37,7 @@ class EvictionPolicy(Protocol):
     needs_hint: bool  # False: ``add`` ignores its hint (the pool may pass None)
 
     def add(self, block: KVBlock, hint: BlockHint) -> None: ...
+    def add_all(self, blocks: list[KVBlock]) -> None: ...  # ``add`` of each in order, hints from the blocks
     def remove(self, block: KVBlock) -> None: ...
     def pop(self) -> KVBlock: ...
     def __len__(self) -> int: ...
@@ -57,6 +60,9 @@ class LRUEviction:
 
     def add(self, block: KVBlock, hint: BlockHint | None) -> None:
         self._queue[block.block_id] = block
+
+    def add_all(self, blocks: list[KVBlock]) -> None:
+        self._queue.update(zip(map(_block_id, blocks), blocks))
 
     def remove(self, block: KVBlock) -> None:
         del self._queue[block.block_id]
@@ -93,6 +99,10 @@ class LFUEviction:
         if len(self._heap) > 2 * len(self._live) + 64:
             self._heap = [e for e in self._heap if self._live.get(e[2].block_id) == e[1]]
             heapq.heapify(self._heap)
+
+    def add_all(self, blocks: list[KVBlock]) -> None:
+        for block in blocks:
+            self.add(block, block.hint())
 
     def remove(self, block: KVBlock) -> None:
         del self._live[block.block_id]

@@ -119,6 +119,9 @@ class SessionEviction:
         if is_new or (moved and isinstance(key, str)):
             self._push(key)  # a new group, or a session whose last turn moved
 
+    def add_all(self, blocks: list[KVBlock]) -> None:
+        for block in blocks:
+            self.add(block, block.hint())
     def remove(self, block: KVBlock) -> None:
         key = self._group_of.pop(block.block_id)
         self._time_of.pop(block.block_id)
