@@ -92,6 +92,10 @@ class StepCostModel:
         self._flops = gpu.flops_per_s(model.weights_precision) * self.eff.compute
         self._bw = gpu.bandwidth_bytes_per_s * self.eff.memory
         self._pcie = gpu.pcie_bytes_per_s * self.eff.pcie
+        # batch_cost's closed form (per step of a simulation): exact time, full attention only
+        self._closed_form = token_scale == 1 and all(g.window is None for g in model.groups)
+        self._kv_bytes_per_token = sum(g.num_layers * g.kv_bytes_per_token_per_layer for g in model.groups)
+        self._attn_layers = sum(g.num_layers for g in model.groups)
 
     def cost(self, plan: SchedulerOutput) -> StepCost:
         m, k = self.model, self.token_scale
@@ -136,8 +140,7 @@ class StepCostModel:
         """``decode_cost`` plus longer ``chunks`` (start position, tokens) in the same step (a
         prefill beside the decodes): their terms of ``cost`` are whole or half numbers, so the
         sums are exact in any order and this is again the same float as ``self(plan)``."""
-        m = self.model
-        if self.token_scale != 1 or any(g.window is not None for g in m.groups):
+        if not self._closed_form:
             return None
         # per decode chunk (n = 1, start s, end s + 1): KV read s + 1 and written 1; pairs s + 1
         kv_tokens = sum_starts + 2 * num_decodes
@@ -147,8 +150,13 @@ class StepCostModel:
             kv_tokens += start + 2 * n
             twice_pairs += n * (2 * start + n + 1)
             tokens += n
-        kv_bytes = sum(g.num_layers * g.kv_bytes_per_token_per_layer for g in m.groups) * kv_tokens
-        twice_pairs *= sum(g.num_layers for g in m.groups)
+        kv_bytes = self._kv_bytes_per_token * kv_tokens
+        twice_pairs *= self._attn_layers
         if kv_bytes >= 2**53 or twice_pairs >= 2**53:
             return None
-        return self._step_cost(tokens, float(kv_bytes), twice_pairs / 2, 0).total_s
+        # ``_step_cost(tokens, kv_bytes, pairs, 0).total_s``: the same operations (k = 1, no
+        # transfer), without building the record, once per simulated step
+        m = self.model
+        flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * (twice_pairs / 2)
+        memory = (m.weight_bytes_per_step + float(kv_bytes)) / self._bw
+        return self.eff.step_overhead_ms / 1e3 + max(flops / self._flops, memory)
