@@ -84,7 +84,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 # A simulation allocates millions of small objects that live for a step; the collector's default
 # first threshold (700) runs it so often that it costs several percent of a long run.
-GC_THRESHOLDS = (50_000, 20, 1000)
+GC_THRESHOLDS = (300_000, 20, 1000)
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], clock: VirtualClock) -> T:
