@@ -114,6 +114,7 @@ class SimReplica:
                        t0: float, intended: float, session: str | None = None,
                        prefix_group: str | None = None) -> list[int]:
         """Serve one request; returns its tokens (empty, with the record's status set, on refusal).
+        ``prompt``: token ids below ``SIM_VOCAB`` (the engine is told so and does not check them).
         ``session``: the conversation, whose previous turn's block hashes this one reuses;
         ``prefix_group``: requests that start alike (a character's card), whose last one's block
         hashes a session's first turn reuses."""
@@ -122,7 +123,7 @@ class SimReplica:
         record.queue_s = max(0.0, now - intended)
         params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True, temperature=0.0)
         try:
-            self.engine.add_request(request_id, prompt, params, arrival_time=now)
+            self.engine.add_request(request_id, prompt, params, arrival_time=now, ids_in_vocab=True)
         except ServerOverloadedError as e:
             record.status, record.http_status, record.error = "error", 503, e.message
             return []
