@@ -24,7 +24,7 @@ _DIGEST_SIZE = 16
 _KEYED = hashlib.blake2b(key=_HASH_KEY, digest_size=_DIGEST_SIZE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockHash:
     """Identity of a full block: its own tokens, its parent's hash and extra keys (e.g. a salt).
 
@@ -93,7 +93,7 @@ class BlockHint:
         return self.num_sessions > 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KVBlock:
     """One block slot of a pool; ``block_id`` indexes the pool's tensors."""
 
