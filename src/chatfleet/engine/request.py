@@ -111,7 +111,7 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """Scheduler state of one request: ``num_computed_tokens`` catches up to ``num_tokens``.
 

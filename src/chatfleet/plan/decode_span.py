@@ -49,7 +49,7 @@ from chatfleet.engine.scheduler import RequestUpdate
 BatchCost = Callable[[int, int, Sequence[tuple[int, int]]], "float | None"]  # StepCostModel.batch_cost
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lane:
     """One running request in a span."""
 

@@ -45,7 +45,7 @@ class KVBlocks:
 _NOTHING_ADDED = KVBlocks([])  # a growing request's usual answer (its last block has room); shared, read-only
 
 
-@dataclass
+@dataclass(slots=True)
 class _RequestKV:
     blocks: list[KVBlock] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
