@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from operator import attrgetter
 from dataclasses import dataclass, field
 
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
@@ -40,6 +41,15 @@ class KVBlocks:
     @property
     def num_new_blocks(self) -> int:
         return len(self.block_ids) - self.num_hit_blocks
+
+
+_block_hash = attrgetter("block_hash")
+_ref_cnt = attrgetter("ref_cnt")
+
+
+def _num_unreferenced(blocks: list[KVBlock]) -> int:
+    """Cached blocks a prefix hit revives (in C: a hit has hundreds of blocks)."""
+    return list(map(_ref_cnt, blocks)).count(0)
 
 
 _NOTHING_ADDED = KVBlocks([])  # a growing request's usual answer (its last block has room); shared, read-only
@@ -144,10 +154,10 @@ class KVManager:
         num_held = len(state.blocks) if state is not None else 0
         num_hit = len(hit_blocks)
         num_needed = self._num_new_blocks(request, num_new_tokens, num_hit, len(host_blocks), num_held)
-        num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        num_revived = _num_unreferenced(hit_blocks)
         if num_needed + num_revived > self.pool.num_free_blocks:
             return None
-        if any(b.block_hash is None for b in hit_blocks) or any(b.block_hash is None for b in host_blocks):
+        if not all(map(_block_hash, hit_blocks)) or not all(map(_block_hash, host_blocks)):  # a hash is truthy
             raise KVIntegrityError(f"{request.request_id!r}: a matched block was evicted before allocation")
         session = request.session_id
         if state is None:
@@ -190,7 +200,7 @@ class KVManager:
         has fewer free blocks than this."""
         hit_blocks = prefix.blocks
         return (self._num_new_blocks(request, num_new_tokens, len(hit_blocks), len(prefix.host_blocks), 0)
-                + sum(1 for b in hit_blocks if b.ref_cnt == 0))
+                + _num_unreferenced(hit_blocks))
 
     def cache_computed(self, request: Request) -> None:
         """Register the request's full blocks whose KV is now computed."""
