@@ -166,14 +166,28 @@ class SimReplica:
             self._end_span()
 
     def _step_now(self, loop: asyncio.AbstractEventLoop) -> None:
-        """One step starting now; its end (a timer) delivers it and starts the next."""
+        """One step starting now; its end (a timer) delivers it and starts the next. A span step
+        that ends before anything else can run (``VirtualTimeLoop.idle_before``) ends at once,
+        the clock moved to its end, as the loop would do next; so do the steps after it."""
+        idle_before = getattr(loop, "idle_before", None)
         try:
-            if self.decode_spans:
+            while self.decode_spans:
                 cost = self._span_step()
-                if cost is not None:
-                    start = self.clock()
-                    self.busy_s += cost
-                    self._timer = loop.call_at(start + cost, self._span_step_ended, loop, start, cost)
+                if cost is None:
+                    break
+                start = self.clock()
+                self.busy_s += cost
+                end = start + cost
+                if idle_before is None or not idle_before(end):
+                    self._timer = loop.call_at(end, self._span_step_ended, loop, start, cost)
+                    return
+                self.clock.advance_to(end)
+                self._span_step_done(start, cost)
+                stepping = self._stepping
+                if stepping is None or stepping.done():  # run() was cancelled
+                    return
+                if self._closed or not self.engine.has_unfinished_requests():
+                    stepping.set_result(None)
                     return
             self._step_cost = 0.0
             start = self.clock()

@@ -60,7 +60,7 @@ class _VirtualSelector(selectors.SelectSelector):
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """Besides ``time()``: ``next_timer()``, when the earliest pending timer fires (the selector
-    jumps the clock there when nothing else is ready)."""
+    jumps the clock there when nothing else is ready), and ``idle_before(t)``."""
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
@@ -75,6 +75,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _write_to_self(self) -> None:  # call_soon_threadsafe's wake-up: the next select looks
         super()._write_to_self()
         self._selector.poked = True  # type: ignore[attr-defined]
+
+    def idle_before(self, t: float) -> bool:
+        """Nothing is ready to run and no timer fires at or before ``t``: a callback that would
+        schedule itself at ``t`` may advance the clock and run there at once (the loop would
+        jump straight to it)."""
+        if self._ready:  # asyncio's queue of callbacks to run now (base_events.BaseEventLoop)
+            return False
+        when = self.next_timer()
+        return when is None or when > t
 
     def next_timer(self) -> float | None:
         """When the earliest pending timer fires (a cancelled one may answer early), or None."""
