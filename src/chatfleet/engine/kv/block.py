@@ -17,6 +17,7 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Changing the key (or the encoding below) changes every block's identity: bump the version.
 _HASH_KEY = b"chatfleet/kv-block/v1"
@@ -24,12 +25,12 @@ _DIGEST_SIZE = 16
 _KEYED = hashlib.blake2b(key=_HASH_KEY, digest_size=_DIGEST_SIZE)
 
 
-@dataclass(frozen=True, slots=True)
-class BlockHash:
+class BlockHash(NamedTuple):
     """Identity of a full block: its own tokens, its parent's hash and extra keys (e.g. a salt).
 
     ``value`` is the chained digest used as the index key; the other fields let a hit be
-    re-checked exactly, so a digest collision can never serve another prefix's KV.
+    re-checked exactly, so a digest collision can never serve another prefix's KV. An immutable
+    tuple: built in C and compared in C (millions per simulated hour).
     """
 
     value: int
@@ -38,14 +39,16 @@ class BlockHash:
     extra_keys: tuple[str, ...] = ()
 
 
+_NO_PARENT = b"\x00" * _DIGEST_SIZE
+
+
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple[str, ...] = ()) -> BlockHash:
     """The chained keyed BLAKE2b hash of one full block."""
     parent_value = None if parent is None else parent.value
     tokens = tuple(token_ids)
     h = _KEYED.copy()  # the key's block already compressed
-    h.update(b"\x00" * _DIGEST_SIZE if parent_value is None else parent_value.to_bytes(_DIGEST_SIZE, "little"))
-    h.update(len(tokens).to_bytes(4, "little"))
-    h.update(array("q", tokens).tobytes())
+    h.update((_NO_PARENT if parent_value is None else parent_value.to_bytes(_DIGEST_SIZE, "little"))
+             + len(tokens).to_bytes(4, "little") + array("q", tokens).tobytes())
     for key in extra_keys:
         data = key.encode("utf-8")
         h.update(len(data).to_bytes(4, "little"))
