@@ -296,9 +296,10 @@ def test_decode_cost_is_the_same_float_as_the_plans_cost():
     assert StepCostModel(windowed, load_catalog().get("L4")).decode_cost(2, 10) is None  # no closed form
 
 
-@pytest.mark.parametrize("host", [0, 2 * 2**20])
-def test_decode_spans_change_nothing_in_a_simulated_run(host, monkeypatch):
-    """The same run with decode spans on and off: every record (times, gaps, hits) identical."""
+@pytest.mark.parametrize("host,policy", [(0, "fcfs"), (2 * 2**20, "fcfs"), (0, "lpm")])
+def test_decode_spans_change_nothing_in_a_simulated_run(host, policy, monkeypatch):
+    """The same run with decode spans on and off: every record (times, gaps, hits) identical;
+    with lpm (not head-of-line) the spans' steps run the scheduler's admission every step."""
     from dataclasses import replace
 
     from chatfleet.plan.decode_span import DecodeSpan
@@ -312,7 +313,7 @@ def test_decode_spans_change_nothing_in_a_simulated_run(host, monkeypatch):
 
     cfg, _ = read_model_config("small")
     serving = ServingConfig(weights="fp32", kv_cache_tokens=1024, host_cache_bytes=host,
-                            scheduler=SchedulerConfig(max_running=6))
+                            scheduler=SchedulerConfig(max_running=6, policy=policy))
     plan = replica_plan(cfg, load_catalog().get("cpu"), serving)
     proto = sim_protocol(LoadSpec("closed", 8, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=2s"))
 

@@ -1,4 +1,4 @@
-"""Plain decode steps run by the planner itself, one at a time, with exactly the engine's effects.
+"""Plain engine steps run by the planner itself, one at a time, with exactly the engine's effects.
 
 Most steps of a chat workload are alike: every running request computes one token and nothing
 waits. The plan of such a step is known without asking the scheduler (a one-token chunk per
@@ -13,22 +13,25 @@ A span stays open across steps: its owner calls ``step`` once per engine step, e
 step's own time on the event loop (other coroutines and replicas run in between exactly as
 before), checking ``still_plain()`` first (nothing added, aborted or waiting that it cannot
 admit), and ``commit``s before anything else reads the requests (the scheduler's next real step).
-A span starts only where the scheduler itself would plan exactly that step (every running request
-one token behind with a forced length, no logprobs, penalties or stop strings), and a step is
-refused (None) where its blocks are not there: without a host tier a block may come from evicting
-a cached one (``KVManager.allocate`` does it, at the step's time); with one, only from the empty
-list (an eviction would be a transfer in the plan).
+A span starts only where the scheduler itself would plan exactly that step: every running
+request a lane (one token behind) or, where the owner says all its requests are plain, mid-prefill;
+all with a forced length, no logprobs, penalties or stop strings. A step is refused (None) where
+its blocks are not there (the engine would preempt): without a host tier a block may come from
+evicting a cached one (``KVManager.allocate`` does it, at the step's time); with one, only from
+the empty list (an eviction would be a transfer in the plan).
 
-Requests that wait are admitted inside the span's steps (without a host tier, where the owner
-says all its requests are plain): after the decodes' allocations the step calls the scheduler's
-own ``admit_waiting`` with the budget they leave, exactly where ``schedule`` calls it, then
-applies the engine's update to each admitted chunk after the decodes' (register its computed
-blocks; where the chunk ends the prompt, sample, check the stop, process the output for
-``started``). Such a request joins as a lane from the next step; one still mid-prefill ends the
-span after the step. Under head-of-line FCFS a step skips admission where it provably admits
-nothing (``_head_blocked``), so a long queue costs nothing per step.
+Prefills run inside the span's steps too (without a host tier, plain requests only), in
+``schedule``'s order: after the decodes' allocations, the chunks of requests mid-prefill (running
+order, ``Scheduler.chunk``, the budget the decodes leave), then the scheduler's own
+``admit_waiting`` with the budget left, exactly where ``schedule`` calls it. After the decodes'
+updates each such chunk gets the engine's update (register its computed blocks; where it ends
+the prompt, sample, check the stop, process the output for ``started``). A request that then
+decodes joins as a lane from the next step if it follows every lane in the running order (the
+decodes' order in a plan; else the span ends after the step). Under head-of-line FCFS a step
+skips admission where it provably admits nothing (``_head_blocked``), so a long queue costs
+nothing per step. Lanes that finished are dropped as others join: a span may last the hour.
 
-The step costs are the cost model's own: its O(1) ``decode_cost`` (``batch_cost`` with admitted
+The step costs are the cost model's own: its O(1) ``decode_cost`` (``batch_cost`` with prefill
 chunks) when it has one, else ``charge(plan)`` on the plan built here (tests compare those plans
 with the engine's).
 """

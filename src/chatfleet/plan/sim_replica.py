@@ -1,9 +1,12 @@
 """One engine replica in virtual time: the real ``Engine`` (scheduler, KV manager, policies,
 ``step()``) over a ``SimRunner`` whose step-cost model says how long each step takes.
 
-``SimReplica.run()`` is the engine loop as a coroutine on a virtual-time loop
-(``plan/virtual_loop.py``): it steps while there is work, sleeps each step's cost, then hands
-the step's tokens to their requests, timestamped at the step's end. ``generate()`` submits one
+``SimReplica.run()`` is the engine loop on a virtual-time loop (``plan/virtual_loop.py``): while
+there is work each step runs at once and a timer at its end (its cost later) hands the step's
+tokens to their requests, timestamped there, and runs the next step; a step that ends before
+anything else on the loop can run skips the timer (the loop would jump straight to it). Plain
+steps (decodes, admissions and prefill chunks of plain requests) run through
+``plan/decode_span.py`` with the engine's own effects. ``generate()`` submits one
 request and fills its ``RequestRecord`` (TTFT, every inter-token gap, cached tokens) as a
 measured run would. ``on_plan`` sees every ``SchedulerOutput`` (tests compare them).
 
