@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from operator import attrgetter
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -29,7 +28,6 @@ from chatfleet.errors import KVIntegrityError
 from chatfleet.registry import Registry
 
 Clock = Callable[[], float]
-_block_id = attrgetter("block_id")
 
 
 class EvictionPolicy(Protocol):
@@ -62,7 +60,9 @@ class LRUEviction:
         self._queue[block.block_id] = block
 
     def add_all(self, blocks: list[KVBlock]) -> None:
-        self._queue.update(zip(map(_block_id, blocks), blocks))
+        queue = self._queue  # a plain loop: OrderedDict.update of pairs is slower
+        for block in blocks:
+            queue[block.block_id] = block
 
     def remove(self, block: KVBlock) -> None:
         del self._queue[block.block_id]
