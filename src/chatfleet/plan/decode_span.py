@@ -203,6 +203,7 @@ class DecodeSpan:
         self.started = []
         if allocations is not None:
             del self._allocations[j]
+            allocations.sort(key=_index)  # schedule()'s order: running order (a joined lane may precede)
             later = self._allocations.setdefault(j + self.block_size, [])
             for lane in allocations:
                 if lane.alive:
