@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from chatfleet.engine.kv.block import KVBlock, extend_block_hashes, hash_block
+from chatfleet.engine.kv.block import extend_block_hashes, hash_block
+from chatfleet.engine.kv.block_pool import BlockPool
 
 BS = 4
 
@@ -42,14 +43,20 @@ def test_extension_hashes_only_new_blocks():
 
 
 def test_block_history_counts_uses_and_session_changes():
-    b = KVBlock(0)
-    b.note_use("a")
-    b.note_use("a")
+    """The pool writes a block's history: new contents start it, each prefix hit adds a use."""
+    pool = BlockPool(1)
+    (b,) = pool.allocate(1, "a")
+    assert (b.num_uses, b.num_sessions, b.session_id) == (1, 1, "a")
+    pool.cache_block(b, extend_block_hashes([], list(range(BS)), BS)[0])
+    pool.free([b])
+    pool.touch([b], "a")
     assert (b.num_uses, b.num_sessions) == (2, 1) and not b.hint().is_shared
-    b.note_use("b")
+    pool.touch([b], "b")
     assert b.hint().is_shared and b.hint().session_id == "b"
-    b.reset_history()
-    assert b.num_uses == 0 and b.session_id is None
+    pool.free([b])
+    pool.free([b])
+    (again,) = pool.allocate(1, None)  # evicts it: new contents, a new history
+    assert again is b and (b.num_uses, b.num_sessions, b.session_id, b.block_hash) == (1, 1, None, None)
 
 
 def test_extending_from_a_later_block_gives_the_same_chain():

@@ -103,31 +103,12 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
-    # usage history (the eviction hint); reset when the block takes new contents
+    # usage history (the eviction hint), written by the pool: reset when the block takes new
+    # contents (allocate), one use more per reference a request takes (touch)
     session_id: str | None = None
     last_use: float = 0.0
     num_uses: int = 0
     num_sessions: int = 0
-
-    def note_use(self, session_id: str | None) -> None:
-        """A request (of ``session_id``) takes a reference."""
-        self.num_uses += 1
-        if self.num_sessions == 0 or session_id != self.session_id:
-            self.num_sessions += 1
-            self.session_id = session_id
-
-    def take_new(self, session_id: str | None) -> None:
-        """New contents for a request of ``session_id``: ``reset_history`` then ``note_use``."""
-        self.session_id = session_id
-        self.last_use = 0.0
-        self.num_uses = 1
-        self.num_sessions = 1
-
-    def reset_history(self) -> None:
-        self.session_id = None
-        self.last_use = 0.0
-        self.num_uses = 0
-        self.num_sessions = 0
 
     def copy_history(self, other: KVBlock) -> None:
         """Take ``other``'s usage history (a block demoted or promoted between pools)."""
