@@ -48,7 +48,6 @@ from chatfleet.engine.request import Request, RequestStatus
 from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.engine.scheduler import RequestUpdate
 
-
 BatchCost = Callable[[int, int, Sequence[tuple[int, int]]], "float | None"]  # StepCostModel.batch_cost
 
 

@@ -199,13 +199,13 @@ class SimReplica:
             self.busy_s += cost
             self._timer = loop.call_at(start + (cost if (outputs or cost > 0) else 1e-3),
                                        self._engine_step_ended, loop, outputs, start, cost)
-        except BaseException as e:  # to run(), as an exception inside its loop would be
+        except BaseException as e:  # noqa: BLE001 - to run(), as an exception inside its loop would be
             self._stop_stepping(e)
 
     def _span_step_ended(self, loop: asyncio.AbstractEventLoop, start: float, cost: float) -> None:
         try:
             self._span_step_done(start, cost)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to run()
             self._stop_stepping(e)
             return
         self._next_step(loop)
@@ -214,7 +214,7 @@ class SimReplica:
                            cost: float) -> None:
         try:
             self._deliver(outputs, start, cost)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to run()
             self._stop_stepping(e)
             return
         self._next_step(loop)

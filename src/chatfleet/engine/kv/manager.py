@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
 from chatfleet.engine.kv.block_pool import BlockPool, Eviction
