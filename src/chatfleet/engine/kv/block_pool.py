@@ -57,7 +57,6 @@ class BlockPool:
         self._free: deque[KVBlock] = deque(self.blocks)
         self._clock = clock
         self._evictable = make_eviction_policy(eviction_policy, clock, pauses)
-        self._hinted = getattr(self._evictable, "needs_hint", True)  # else a freed block's hint is not built
         self.on_evict = on_evict
         self._index: dict[int, KVBlock] = {}
         self._num_used = 0
@@ -95,7 +94,7 @@ class BlockPool:
         if n > self.num_free_blocks:
             raise KVIntegrityError(f"asked for {n} blocks, only {self.num_free_blocks} available")
         out = []
-        free, index, on_evict = self._free, self._index, self.on_evict
+        free, on_evict = self._free, self.on_evict
         num_free = min(n, len(free))
         for _ in range(num_free):
             out.append(free.popleft())
@@ -106,11 +105,10 @@ class BlockPool:
             assert block_hash is not None
             if on_evict is not None:
                 on_evict(Eviction(block.block_id, block_hash, block.hint()))
-            del index[block_hash.value]  # ``_drop_hash``
-            block.block_hash = None
+            self._drop_hash(block)
             out.append(block)
         self.num_evictions += n - num_free
-        for block in out:  # ``KVBlock.take_new``, inlined: the allocation hot path
+        for block in out:  # new contents: a new usage history, one use (the allocation hot path)
             block.session_id = session_id
             block.last_use = 0.0
             block.num_uses = block.num_sessions = block.ref_cnt = 1
@@ -133,7 +131,7 @@ class BlockPool:
                 remove(block)
                 revived += 1
             block.ref_cnt += 1
-            block.num_uses += 1  # ``KVBlock.note_use``, inlined: hundreds of blocks per prefix hit
+            block.num_uses += 1  # one use more; a new holder counts as a session change
             if block.num_sessions == 0 or session_id != block.session_id:
                 block.num_sessions += 1
                 block.session_id = session_id
@@ -146,7 +144,7 @@ class BlockPool:
         ``stamp``: record now as the blocks' last use (not for a copy that keeps its history).
         """
         now = self._clock()
-        hinted, add, append = self._hinted, self._evictable.add, self._free.append
+        append = self._free.append
         cached: list[KVBlock] = []  # released with contents, in order (to the policy at the end)
         released = 0
         try:
@@ -165,11 +163,7 @@ class BlockPool:
                         cached.append(block)
         finally:
             self._num_used -= released
-            if hinted:
-                for block in cached:
-                    add(block, block.hint())
-            else:
-                self._evictable.add_all(cached)
+            self._evictable.add_all(cached)
 
     # ---- hash index ---------------------------------------------------------------------------
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:

@@ -32,10 +32,10 @@ Clock = Callable[[], float]
 
 class EvictionPolicy(Protocol):
     name: str
-    needs_hint: bool  # False: ``add`` ignores its hint (the pool may pass None)
 
     def add(self, block: KVBlock, hint: BlockHint) -> None: ...
-    def add_all(self, blocks: list[KVBlock]) -> None: ...  # ``add`` of each in order, hints from the blocks
+    # ``add`` of each, in order, with the hint a policy reads from the block (the pool's free)
+    def add_all(self, blocks: list[KVBlock]) -> None: ...
     def remove(self, block: KVBlock) -> None: ...
     def pop(self) -> KVBlock: ...
     def __len__(self) -> int: ...
@@ -51,7 +51,6 @@ class LRUEviction:
     prompt's tail goes before its head (a head is shared by more future requests)."""
 
     name = "lru"
-    needs_hint = False
 
     def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._queue: OrderedDict[int, KVBlock] = OrderedDict()
@@ -59,7 +58,7 @@ class LRUEviction:
     def add(self, block: KVBlock, hint: BlockHint | None) -> None:
         self._queue[block.block_id] = block
 
-    def add_all(self, blocks: list[KVBlock]) -> None:
+    def add_all(self, blocks: list[KVBlock]) -> None:  # no hint needed: none is built
         queue = self._queue  # a plain loop: OrderedDict.update of pairs is slower
         for block in blocks:
             queue[block.block_id] = block
@@ -85,7 +84,6 @@ class LFUEviction:
     """
 
     name = "lfu"
-    needs_hint = True
 
     def __init__(self, clock: Clock = time.monotonic, pauses: SessionPauses | None = None) -> None:
         self._heap: list[tuple[int, int, KVBlock]] = []

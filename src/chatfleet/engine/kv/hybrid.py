@@ -166,10 +166,7 @@ class HybridKVManager:
         k = n
         for g in self.groups:  # step 1: the longest hit every full group has
             if g.window is None:
-                found = 0
-                while found < k and g.pool.lookup(hashes[found]) is not None:
-                    found += 1
-                k = found
+                k = len(g.pool.lookup_run(hashes, 0, k))
         sliding = [g for g in self.groups if g.window is not None]
         present = {id(g): [g.pool.lookup(hashes[j]) is not None for j in range(k)] for g in sliding}
         while k > 0 and not all(all(present[id(g)][g.first_needed(k * self.block_size):k]) for g in sliding):

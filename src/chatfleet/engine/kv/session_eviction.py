@@ -53,7 +53,6 @@ _MAX_SHARING = 8  # sharing levels beyond this are one group
 @EVICTION_POLICIES.register("session")
 class SessionEviction:
     name = "session"
-    needs_hint = True
     horizon_fraction = 0.1  # H as a fraction of the median pause (see the module docstring)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, pauses: SessionPauses | None = None,
@@ -122,6 +121,7 @@ class SessionEviction:
     def add_all(self, blocks: list[KVBlock]) -> None:
         for block in blocks:
             self.add(block, block.hint())
+
     def remove(self, block: KVBlock) -> None:
         key = self._group_of.pop(block.block_id)
         self._time_of.pop(block.block_id)
