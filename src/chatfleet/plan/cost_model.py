@@ -75,7 +75,12 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        return self.overhead_s + max(self.compute_s, self.memory_s) + self.transfer_s
+        return _total(self.compute_s, self.memory_s, self.transfer_s, self.overhead_s)
+
+
+def _total(compute_s: float, memory_s: float, transfer_s: float, overhead_s: float) -> float:
+    """A step's seconds from its parts (the roofline: compute and memory overlap)."""
+    return overhead_s + max(compute_s, memory_s) + transfer_s
 
 
 class StepCostModel:
@@ -121,10 +126,14 @@ class StepCostModel:
         return self._step_cost(tokens, kv_bytes, attn_pairs, moved)
 
     def _step_cost(self, tokens: int, kv_bytes: float, attn_pairs: float, moved: int) -> StepCost:
+        return StepCost(*self._parts(tokens, kv_bytes, attn_pairs, moved))
+
+    def _parts(self, tokens: int, kv_bytes: float, attn_pairs: float, moved: int) -> tuple[float, float, float, float]:
+        """Compute, memory, transfer and overhead seconds of a step (``StepCost``'s fields)."""
         m, k = self.model, self.token_scale
         flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * attn_pairs
-        return StepCost(k * flops / self._flops, k * (m.weight_bytes_per_step + kv_bytes) / self._bw,
-                        moved / self._pcie, k * self.eff.step_overhead_ms / 1e3)
+        return (k * flops / self._flops, k * (m.weight_bytes_per_step + kv_bytes) / self._bw,
+                moved / self._pcie, k * self.eff.step_overhead_ms / 1e3)
 
     def __call__(self, plan: SchedulerOutput) -> float:
         return self.cost(plan).total_s
@@ -154,9 +163,5 @@ class StepCostModel:
         twice_pairs *= self._attn_layers
         if kv_bytes >= 2**53 or twice_pairs >= 2**53:
             return None
-        # ``_step_cost(tokens, kv_bytes, pairs, 0).total_s``: the same operations (k = 1, no
-        # transfer), without building the record, once per simulated step
-        m = self.model
-        flops = tokens * m.linear_flops_per_token + 4.0 * m.query_width * (twice_pairs / 2)
-        memory = (m.weight_bytes_per_step + float(kv_bytes)) / self._bw
-        return self.eff.step_overhead_ms / 1e3 + max(flops / self._flops, memory)
+        # ``_step_cost(...).total_s`` without building the record (once per simulated step)
+        return _total(*self._parts(tokens, float(kv_bytes), twice_pairs / 2, 0))

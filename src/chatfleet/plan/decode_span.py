@@ -260,15 +260,9 @@ class DecodeSpan:
         self.kv.cache_computed(r)
         if not chunk.sample:
             return None
-        p = r.sampling_params
-        token = self.runner.fast_token(r.request_id, chunk.context_length, r.eos_token_id, p.stop_token_ids)
-        r.output_token_ids.append(token)
-        stop_reason = s.check_stop(r, token)
-        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
-        if processed.stopped or len(processed.outputs) != 1:
-            raise AssertionError("decode span: a stop string in a span")
-        self.engine.note_outputs(processed.outputs)
-        self.started.append(processed.outputs[0])
+        token = self.runner.fast_token(r.request_id, chunk.context_length, r.eos_token_id,
+                                       r.sampling_params.stop_token_ids)
+        self.started.append(self._sampled(r, token))
         if r.is_finished:
             self._unreported += 1
             return None
@@ -283,7 +277,7 @@ class DecodeSpan:
         lane_of = {id(lane.request): lane for lane in self.lanes}
         if sampled:
             position = {id(r): i for i, r in enumerate(s.running)}
-            last = max((position[id(r)] for r in (lane.request for lane in lane_of.values())), default=-1)
+            last = max((position[id(lane.request)] for lane in self.lanes), default=-1)
             for r in sorted(sampled, key=lambda r: position[id(r)]):
                 lane = _lane(self._next_index, r, j + 1, s.max_model_len) if position[id(r)] > last else None
                 if lane is None:
@@ -300,11 +294,11 @@ class DecodeSpan:
 
     def _head_blocked(self, num_allocated: int, budget: int) -> bool:
         """Whether the scheduler's admission, after this step's ``num_allocated`` blocks and with
-        ``budget`` tokens left, certainly admits nothing (so the step need not try). Under head-of-line FCFS it tries
-        only the head: it is blocked when the budget or the batch is full, or when the head's
-        blocks (``KVManager.free_blocks_needed`` of its prefix match) exceed the free blocks left
-        and the decode blocks evict none of its matched blocks (LRU's order says which they
-        evict), so the match it gets then is the one tested here."""
+        ``budget`` tokens left, certainly admits nothing (so the step need not try). Under
+        head-of-line FCFS it tries only the head: it is blocked when the budget or the batch is
+        full, or when the head's blocks (``KVManager.free_blocks_needed`` of its prefix match)
+        exceed the free blocks left and this step's blocks evict none of its matched blocks
+        (LRU's order says which they evict), so the match it gets then is the one tested here."""
         s, kv = self.scheduler, self.kv
         cfg = s.config
         if budget <= 0 or len(s.running) >= cfg.max_running:
@@ -336,23 +330,28 @@ class DecodeSpan:
         self._sync(lane, j, lane.start + j)
         r.num_computed_tokens += 1
         self.kv.cache_computed(r)
-        token = self.tokens(lane, j, j + 1)[0]
-        r.output_token_ids.append(token)
+        output = self._sampled(r, self.tokens(lane, j, j + 1)[0])
         lane.committed = j + 1
-        stop_reason = self.scheduler.check_stop(r, token)
         if r.status != RequestStatus.FINISHED_LENGTH:
             raise AssertionError(f"decode span: {r.request_id} did not finish by length where it must")
-        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
-        if processed.stopped or len(processed.outputs) != 1:
-            raise AssertionError("decode span: a stop string in a span")
-        self.engine.note_outputs(processed.outputs)
         lane.alive = False
         self._num_alive -= 1
         self._sum_positions -= lane.start + j + 1
         self._generated -= 1  # counted by note_outputs
         self._unreported += 1
         self._running = list(self.scheduler.running)
-        self.finished.append(Finish(lane, j, processed.outputs[0]))
+        self.finished.append(Finish(lane, j, output))
+
+    def _sampled(self, r: Request, token: int) -> RequestOutput:
+        """The engine's update of a sampled token: append it, check the stop, process the output
+        (a span has no stop strings) and count it."""
+        r.output_token_ids.append(token)
+        stop_reason = self.scheduler.check_stop(r, token)
+        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
+        if processed.stopped or len(processed.outputs) != 1:
+            raise AssertionError("decode span: a stop string in a span")
+        self.engine.note_outputs(processed.outputs)
+        return processed.outputs[0]
 
     def tokens(self, lane: Lane, a: int, b: int) -> list[int]:
         """The tokens the lane samples at steps ``a`` to ``b - 1`` (``first_step <= a``, ``b`` at most

@@ -35,10 +35,9 @@ class SessionHashes:
         if request is None or request.cache_salt is not None or not request.block_hashes:
             return
         entry = (request.prompt_token_ids, request.output_token_ids, request.block_hashes)
-        for key in (session, None if prefix_group is None else _GROUP + prefix_group):
-            if key is not None:
-                self._last[key] = entry
-                self._last.move_to_end(key)
+        for key in [session] if prefix_group is None else [session, _GROUP + prefix_group]:
+            self._last[key] = entry
+            self._last.move_to_end(key)
         while len(self._last) > self.max_sessions:
             self._last.popitem(last=False)
 
@@ -67,13 +66,13 @@ def _shared_blocks(prompt: list[int], old_prompt: list[int], old_output: list[in
     reply comes back behind a template's header), so that guess is tested first with one
     comparison; otherwise the divergence is bisected, each step comparing only the blocks between
     the bounds (so about two prompt lengths of tokens in all)."""
-    guess = min(limit, len(old_prompt) // bs)
+    p = len(old_prompt)
+    guess = min(limit, p // bs)
     end = guess * bs
     if prompt[:end] == old_prompt[:end]:
         n = guess
         while n < limit:  # past the old prompt: block by block (usually one, which differs)
             s, e = n * bs, (n + 1) * bs
-            p = len(old_prompt)
             old = old_prompt[s:e] if e <= p else old_prompt[s:] + old_output[max(0, s - p):e - p]
             if prompt[s:e] != old:
                 break

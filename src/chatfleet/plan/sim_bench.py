@@ -35,7 +35,7 @@ class ReplicaPlan:
     cost_model: Callable[[SchedulerOutput], float]
     fast: bool = True  # SimRunner without content checks
     token_scale: int = 1  # coarse time: one simulated token stands for this many (replica_setup.py)
-    decode_spans: bool = True  # plain decode steps run by plan/decode_span.py (same results)
+    decode_spans: bool = True  # plain steps run by plan/decode_span.py (same results)
 
     def build(self, name: str, clock: VirtualClock,
               on_plan: Callable[[SchedulerOutput], None] | None = None) -> SimReplica:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from chatfleet.bench.records import RequestRecord
 from chatfleet.engine.config import EngineConfig
@@ -93,7 +94,7 @@ class SimReplica:
         self._timer: asyncio.TimerHandle | None = None  # the running step's end
         self._closed = False
         self.busy_s = 0.0  # virtual seconds spent in steps
-        # plain decode steps run by plan/decode_span.py: fast mode, exact time only
+        # plain steps (decodes, prefills, admissions) run by plan/decode_span.py: fast mode, exact time only
         self.decode_spans = decode_spans and fast and token_scale == 1
         self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
         self._batch_cost = getattr(cost_model, "batch_cost", None) if on_plan is None else None
@@ -146,7 +147,7 @@ class SimReplica:
     async def run(self) -> None:
         """The engine loop: step while there is work, each step taking its cost in virtual time.
 
-        While there is work, steps chain through timer callbacks (``_begin_step`` now, its end at
+        While there is work, steps chain through timer callbacks (``_step_now``, its end at
         ``start + cost``: deliver, then the next step at once), as a loop of ``await sleep(cost)``
         would run them, without a task wake-up per step; the coroutine waits until the work runs out.
         """
@@ -182,15 +183,11 @@ class SimReplica:
                 self.busy_s += cost
                 end = start + cost
                 if idle_before is None or not idle_before(end):
-                    self._timer = loop.call_at(end, self._span_step_ended, loop, start, cost)
+                    self._timer = loop.call_at(end, self._step_ended, loop, self._span_step_done, start, cost)
                     return
                 self.clock.advance_to(end)
                 self._span_step_done(start, cost)
-                stepping = self._stepping
-                if stepping is None or stepping.done():  # run() was cancelled
-                    return
-                if self._closed or not self.engine.has_unfinished_requests():
-                    stepping.set_result(None)
+                if not self._keep_stepping():
                     return
             self._step_cost = 0.0
             start = self.clock()
@@ -198,35 +195,31 @@ class SimReplica:
             cost = self._step_cost
             self.busy_s += cost
             self._timer = loop.call_at(start + (cost if (outputs or cost > 0) else 1e-3),
-                                       self._engine_step_ended, loop, outputs, start, cost)
+                                       self._step_ended, loop, self._deliver, outputs, start, cost)
         except BaseException as e:  # noqa: BLE001 - to run(), as an exception inside its loop would be
             self._stop_stepping(e)
 
-    def _span_step_ended(self, loop: asyncio.AbstractEventLoop, start: float, cost: float) -> None:
+    def _step_ended(self, loop: asyncio.AbstractEventLoop, deliver: Callable[..., None], *args: Any) -> None:
+        """A step's timer: deliver it (``_span_step_done`` or ``_deliver``), then the next step."""
         try:
-            self._span_step_done(start, cost)
+            deliver(*args)
         except BaseException as e:  # noqa: BLE001 - handed to run()
             self._stop_stepping(e)
             return
-        self._next_step(loop)
-
-    def _engine_step_ended(self, loop: asyncio.AbstractEventLoop, outputs: list[RequestOutput], start: float,
-                           cost: float) -> None:
-        try:
-            self._deliver(outputs, start, cost)
-        except BaseException as e:  # noqa: BLE001 - handed to run()
-            self._stop_stepping(e)
-            return
-        self._next_step(loop)
-
-    def _next_step(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        if self._stepping is None or self._stepping.done():  # run() was cancelled
-            return
-        if self._closed or not self.engine.has_unfinished_requests():
-            self._stepping.set_result(None)
-        else:
+        if self._keep_stepping():
             self._step_now(loop)
+
+    def _keep_stepping(self) -> bool:
+        """After a step ended: whether run() still wants steps (where the work ran out or the
+        replica closed, its wait ends; where run() was cancelled, nothing more)."""
+        self._timer = None
+        stepping = self._stepping
+        if stepping is None or stepping.done():  # run() was cancelled
+            return False
+        if self._closed or not self.engine.has_unfinished_requests():
+            stepping.set_result(None)
+            return False
+        return True
 
     def _stop_stepping(self, error: BaseException) -> None:
         self._timer = None
