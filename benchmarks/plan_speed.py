@@ -20,6 +20,7 @@ CPU seconds (process time) are printed beside wall seconds: the machine may be s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from dataclasses import replace
@@ -56,6 +57,16 @@ def simulate(load: LoadSpec, make_workload, plan: ReplicaPlan, replicas: int):
     return run_virtual(bench.run_point(load.level), clock)
 
 
+def fingerprint(records) -> str:
+    """A digest of every record's outcome (times, gaps, tokens, cached tokens, status): two runs
+    of the same traffic print the same digest only where the planner's effects are identical."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update(json.dumps([r.conv_id, r.turn, r.sent_s, r.first_token_s, r.end_s, r.itl_s, r.output_tokens,
+                             r.prompt_tokens, r.cached_tokens, r.status], separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chats", type=float, default=2200, help="new chats per simulated hour")
@@ -76,7 +87,7 @@ def main() -> None:
     rows = []
     print(f"{'replicas':>8} {'scale':>5} {'spans':>5} {'simulated':>9} {'wall':>7} {'cpu':>7} {'requests':>8}"
           f" {'out tokens':>10} {'cpu per sim hour':>16} {'ttft p50/p99 ms':>16} {'itl p50/p99 ms':>15}"
-          f" {'hit rate':>8} {'SLO':>4}")
+          f" {'hit rate':>8} {'SLO':>4} {'records digest':>16}")
     for n, k, spans in [(n, k, s) for n in args.replicas for k in args.token_scale for s in args.decode_spans]:
         plan = replica_plan(QWEN3_8B, gpu, ServingConfig(budget_bytes=int(0.9 * gpu.memory_bytes) - 2**30,
                                                          scheduler=SchedulerConfig(max_running=512)), token_scale=k)
@@ -93,12 +104,12 @@ def main() -> None:
                "cpu_s_per_simulated_hour": cpu * 3600 / sim_s, "wall_s_per_simulated_hour": wall * 3600 / sim_s,
                "ttft_p50": lat["ttft"]["p50"], "ttft_p99": lat["ttft"]["p99"], "itl_p50": lat["itl"]["p50"],
                "itl_p99": lat["itl"]["p99"], "hit_rate": run.summary.hit_rate, "slo": SLO, "passed": point.passed,
-               "gpu": gpu.name}
+               "gpu": gpu.name, "records_digest": fingerprint(run.records)}
         rows.append(row)
         print(f"{n:>8} {k:>5} {spans:>5} {sim_s:>8.0f}s {wall:>6.1f}s {cpu:>6.1f}s {len(run.records):>8} {tokens:>10,}"
               f" {cpu * 3600 / sim_s:>15,.0f}s {lat['ttft']['p50'] * 1e3:>7.0f}/{lat['ttft']['p99'] * 1e3:<8.0f}"
               f" {lat['itl']['p50'] * 1e3:>6.1f}/{lat['itl']['p99'] * 1e3:<8.1f} {run.summary.hit_rate or 0:>8.1%}"
-              f" {'met' if point.passed else 'no':>4}", flush=True)
+              f" {'met' if point.passed else 'no':>4} {row['records_digest']:>16}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2))
