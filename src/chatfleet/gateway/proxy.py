@@ -8,6 +8,9 @@ replica marks as its own, a stream that breaks before its first event; see ``fau
 busy replies (503) are retried on another replica; a reply about the request itself (4xx, or a
 5xx the replica does not mark as its own) is passed on as it is; a stream that breaks later ends
 with an SSE error event and a clean close. Every request ends with a reply or an explicit error.
+
+A call runs against a ``ProxyContext``: the parts of the gateway it reads and updates
+(``service.Gateway`` is one). The proxy knows those parts, not the gateway that owns them.
 """
 
 from __future__ import annotations
@@ -17,25 +20,39 @@ import errno
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from chatfleet.errors import ChatfleetError, NoHealthyReplicaError, RateLimitError, UpstreamError
-from chatfleet.gateway.admission import Outcome, Priority
+from chatfleet.gateway.admission import AdmissionController, Outcome, Priority
+from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.faults import Verdict, classify
-from chatfleet.gateway.routing import Affinity, RoutingDecision
+from chatfleet.gateway.metrics import GatewayMetrics
+from chatfleet.gateway.replicas import ReplicaSet
+from chatfleet.gateway.routing import Affinity, RoutingDecision, RoutingPolicy
 from chatfleet.gateway.session import SessionKey
+from chatfleet.gateway.session_tracker import SessionTracker
 from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
 from chatfleet.protocol.sse import DONE, EventFramer
-
-if TYPE_CHECKING:
-    from chatfleet.gateway.service import Gateway
 
 log = logging.getLogger("chatfleet.gateway")
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)  # read timeouts raise TimeoutError subclasses
 PASS_HEADERS = ("content-type", "content-encoding")
+
+
+class ProxyContext(Protocol):
+    """The gateway parts one proxied call uses: replicas and their upstream clients, the router,
+    admission, the conversations seen, metrics and the configuration."""
+
+    config: GatewayConfig
+    replicas: ReplicaSet
+    router: RoutingPolicy
+    admission: AdmissionController
+    metrics: GatewayMetrics
+    sessions_seen: SessionTracker
+    sessions: dict[str, aiohttp.ClientSession]  # one upstream client per replica URL
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class ProxyResponse:
-    def __init__(self, gateway: Gateway, call: ProxyCall) -> None:
+    def __init__(self, gateway: ProxyContext, call: ProxyCall) -> None:
         self.gw = gateway
         self.call = call
         self.status = 0
