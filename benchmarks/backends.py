@@ -8,6 +8,7 @@ its prefix cache. The baseline venvs come from benchmarks/setup_baselines.sh.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,15 @@ def _ours_torch(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len
     return LaunchSpec([*spec.argv, "--kernels", "torch"], spec.env, spec.request_model)
 
 
+BASE_SRC_ENV = "CHATFLEET_BASE_SRC"  # another checkout's src/ for `ours_base` (e.g. a git worktree of main)
+
+
+def _ours_base(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+    """Ours as another checkout has it (same flags, same venv): a change's before/after in one run."""
+    spec = _ours(model_dir, port, threads, kv_bytes, max_len)
+    return LaunchSpec(spec.argv, {**spec.env, "PYTHONPATH": os.environ[BASE_SRC_ENV]}, spec.request_model)
+
+
 def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
     argv = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
@@ -118,6 +128,9 @@ BACKENDS: dict[str, Backend] = {
     # Opt-in: ours on plain PyTorch kernels (F.linear, SDPA), to see what the oneDNN kernels add.
     "ours_torch": Backend("ours_torch", "chatfleet --kernels torch", _ours_torch, _force_openai_ext, True,
                           lambda: True, ""),
+    # Opt-in: ours from the checkout named by CHATFLEET_BASE_SRC (a refactor's "before" beside its "after").
+    "ours_base": Backend("ours_base", "chatfleet (base checkout)", _ours_base, _force_openai_ext, True,
+                         lambda: bool(os.environ.get(BASE_SRC_ENV)), f"set {BASE_SRC_ENV}=/path/to/other/src"),
     "vllm": Backend(
         "vllm", "vLLM CPU", _vllm, _force_openai_ext, True, VLLM_PY.exists,
         "bash benchmarks/setup_baselines.sh vllm",
