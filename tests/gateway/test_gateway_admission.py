@@ -68,9 +68,9 @@ def test_full_queue_sheds_at_once_with_retry_after():
         await ac.admit(B, Priority.FIRST, FAR)
         queued = [asyncio.create_task(ac.admit(r, Priority.FIRST, FAR)) for r in (A, B)]
         await settle()
-        t0 = time.monotonic()
-        shed = await ac.admit(A, Priority.FIRST, FAR)  # the queue bound is shared by all replicas
-        assert time.monotonic() - t0 < 1.0
+        # The queue bound is shared by all replicas. Nothing is released and the deadline is far,
+        # so an answer at all means it was shed without waiting (the bound only guards a hang).
+        shed = await asyncio.wait_for(ac.admit(A, Priority.FIRST, FAR), 60)
         assert shed.outcome is Outcome.SHED and shed.reason == "queue_full" and shed.retry_after_s == 2.0
         ac.release(A), ac.release(B)
         assert all(d.admitted for d in await asyncio.gather(*queued))
