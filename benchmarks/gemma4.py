@@ -272,7 +272,7 @@ def _decode_tps(engine, batch: int, prompt_tokens: int, new_tokens: int, seed: i
 
 def _params(hf_config: dict) -> dict[str, int]:
     """Total parameters and those one token uses (routed experts: top-k of them)."""
-    from chatfleet.plan.memory import memory_breakdown
+    from chatfleet.engine.sizing.memory import memory_breakdown
 
     text = hf_config.get("text_config") or hf_config
     m = memory_breakdown(hf_config, dtype="float32", language_model_only=True)
@@ -320,8 +320,8 @@ def tps_section(args: argparse.Namespace, con: Console) -> dict:
 # ---- the text-only load ----------------------------------------------------------------------
 def text_section(args: argparse.Namespace, con: Console) -> dict:
     from chatfleet.engine.models.loader import load_model
+    from chatfleet.engine.sizing.memory import memory_breakdown
     from chatfleet.models.tiny import resolve_model
-    from chatfleet.plan.memory import memory_breakdown
 
     folder = resolve_model(args.multimodal)
     t0 = time.perf_counter()

@@ -44,9 +44,9 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.workload import get_profile
+from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.models.tiny import resolve_model
-from chatfleet.plan.memory import MemoryBreakdown, memory_breakdown
 
 try:
     from common import RESULTS_DIR

@@ -12,9 +12,9 @@ from chatfleet.cli.main import app
 from chatfleet.engine.config import CacheConfig, EngineConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.kv.spec import KVCacheSpec, LayerGroupSpec
+from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.plan.capacity import LengthDistribution, fit, lengths_from_mean_p95
 from chatfleet.plan.catalog import load_catalog
-from chatfleet.plan.memory import memory_breakdown
 from chatfleet.plan.memory_report import memory_report, read_model_config
 from chatfleet.plan.vllm_pool import vllm_pool
 

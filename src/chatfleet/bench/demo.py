@@ -113,7 +113,7 @@ class DemoResult:
 
 def kv_budget_bytes(model_dir: Path, tokens: int, dtype: str = "float32") -> int:
     """Bytes of a device KV pool of ``tokens`` tokens (the memory arithmetic the engine uses)."""
-    from chatfleet.plan.memory import memory_breakdown
+    from chatfleet.engine.sizing.memory import memory_breakdown
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     return memory_breakdown(config, dtype=dtype, kv_cache_tokens=tokens).kv_pool_bytes

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
+from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
-
-if TYPE_CHECKING:
-    from chatfleet.plan.memory import MemoryBreakdown
 
 
 def parse_memory_size(value: str | int | float) -> int:
@@ -130,7 +128,7 @@ class EngineConfig:
     seed: int = 0
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads; None: leave as is
-    # Precision (see plan/memory.py for what each costs):
+    # Precision (see engine/sizing/memory.py for what each costs):
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype
     kv_scales_from_prompts: int | None = None  # FP8 cache: measure K/V scales from the first N prompt tokens
     quantization: str | None = None  # --quantization fp8 (None: as the checkpoint is)
@@ -166,11 +164,7 @@ class EngineConfig:
 
 
 def engine_memory(config: EngineConfig, hf_config: Mapping[str, Any]) -> MemoryBreakdown:
-    """The engine's memory breakdown (plan/memory.py) with the pool its cache config buys."""
-    from dataclasses import replace
-
-    from chatfleet.plan.memory import memory_breakdown
-
+    """The engine's memory breakdown (engine/sizing/memory.py) with the pool its cache config buys."""
     memory = memory_breakdown(hf_config, dtype=config.dtype, quantization=config.quantization,
                               embedding_dtype=config.embedding_dtype, kv_cache_dtype=config.kv_cache_dtype,
                               block_size=config.cache.block_size, language_model_only=config.language_model_only)

@@ -24,8 +24,8 @@ from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.engine.stats import EngineStats, TransferTotals
 from chatfleet.errors import ConfigError, InvalidRequestError, KVIntegrityError, RequestTooLongError
-from chatfleet.plan.memory import MemoryBreakdown
-from chatfleet.plan.tensors import has_config_reader
+from chatfleet.engine.sizing.memory import MemoryBreakdown
+from chatfleet.engine.sizing.config_readers import has_config_reader
 
 log = logging.getLogger(__name__)
 

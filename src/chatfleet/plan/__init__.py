@@ -1,7 +1,7 @@
 """Memory math and capacity prediction for GPUs you do not have.
 
-- ``memory.py`` (+ ``tensors.py``, ``readers.py``): the one memory arithmetic, from a config.json;
-  ``memory_report.py``, ``capacity.py``, ``vllm_pool.py``: ``chatfleet plan memory``.
+- ``memory_report.py``, ``capacity.py``, ``vllm_pool.py``: ``chatfleet plan memory``, over the
+  engine's own memory arithmetic (``engine/sizing/``, which the planner imports, never the reverse).
 - ``catalog.py`` + ``gpus.yaml``: the GPU catalog (spec-sheet rates, efficiency factors).
 - ``cost_model.py``: the roofline step cost; ``virtual_loop.py``: asyncio in virtual time;
   ``sim_replica.py``: the real engine over a ``SimRunner`` in virtual time; ``sim_load.py``: the

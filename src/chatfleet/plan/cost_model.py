@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet.engine.outputs import SchedulerOutput
+from chatfleet.engine.sizing.memory import MemoryBreakdown
 from chatfleet.plan.catalog import Efficiency, GpuSpec
-from chatfleet.plan.memory import MemoryBreakdown
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """`chatfleet plan memory`: one GPU, one model, one precision -> where the memory goes and how
-many chats fit. Everything comes from ``plan/memory.py`` (the arithmetic the engine uses) and
+many chats fit. Everything comes from ``engine/sizing/memory.py`` (the arithmetic the engine uses) and
 ``engine/kv/spec.py``; this module only picks the budget and adds the chat counts and vLLM's pool.
 
 Budget: ``--budget`` is the bytes for weights and KV cache together (after activations and
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.engine.kv.spec import PoolPlan
+from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.plan.capacity import ChatFit, LengthDistribution, fit
 from chatfleet.plan.catalog import GpuSpec
-from chatfleet.plan.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.plan.vllm_pool import VllmPool, vllm_pool
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "fp8"}

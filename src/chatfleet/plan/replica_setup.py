@@ -1,5 +1,6 @@
 """From a model's config.json, a GPU and a serving config to a simulated replica (``ReplicaPlan``):
-its pool from ``plan/memory.py`` (as the engine sizes it), its step costs from ``plan/cost_model.py``."""
+its pool from ``engine/sizing/memory.py`` (as the engine sizes it), its step costs from
+``plan/cost_model.py``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.plan.catalog import Efficiency, GpuSpec
 from chatfleet.plan.cost_model import ModelCost, StepCostModel
-from chatfleet.plan.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.plan.sim_bench import ReplicaPlan
 
 WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp32": ("float32", None), "fp8": ("bfloat16", "fp8")}

@@ -12,8 +12,8 @@ import pytest
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.server import build_app
 from chatfleet.engine.config import CacheConfig, EngineConfig
+from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.loopback import ServerThread
-from chatfleet.plan.memory import memory_breakdown
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear, dequantize_weight, quantize_weight
 from chatfleet.engine.models.loader import load_model
+from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.models.fp8 import to_fp8_checkpoint
 from chatfleet.models.tiny import resolve_model
-from chatfleet.plan.memory import memory_breakdown
 
 IDS = torch.tensor([5, 900, 17, 2048, 3, 77, 1200, 8, 64, 4000, 311, 12])
 

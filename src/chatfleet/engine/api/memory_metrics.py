@@ -1,4 +1,4 @@
-"""The engine's memory breakdown (``plan/memory.py``) as Prometheus gauges.
+"""The engine's memory breakdown (``engine/sizing/memory.py``) as Prometheus gauges.
 
 ``chatfleet:memory_bytes{class=...}``: weights by tensor class (attention, mlp, embedding,
 lm_head, norms, scales, ...) and ``kv_cache`` (the device KV pool);
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from chatfleet.plan.memory import MemoryBreakdown
+from chatfleet.engine.sizing.memory import MemoryBreakdown
 
 
 class MemoryCollector(Collector):

@@ -14,7 +14,7 @@ activations quantized per token; anything else, or a failure there, dequantizes.
 
 MoE experts stored as one ``[E, out, in]`` e4m3 tensor with scales ``[E, ...]`` use the same
 functions one expert at a time: ``quantize_weight(w[e], fmt)`` / ``dequantize_weight(q[e],
-s[e], fmt, dtype, out=workspace_slice)`` (``plan/memory.py`` prices them as class ``experts``).
+s[e], fmt, dtype, out=workspace_slice)`` (``engine/sizing/memory.py`` prices them as class ``experts``).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from chatfleet.engine.models.gemma4_config import is_gemma4
 from chatfleet.engine.models.kv_scales import KVScales, match_kv_scale
 from chatfleet.engine.models.linear import resolve_kernel_backend
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from chatfleet.engine.sizing.memory import weights_format_for
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import ConfigError
-from chatfleet.plan.memory import weights_format_for
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -255,7 +255,7 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
     ``language_model_only``: a multimodal folder's vision/audio towers are never read.
     Linears are FP8 when the checkpoint is (``quantization_config``) or with ``quantization="fp8"``
     (block-wise at load); ``embedding_dtype="fp8"`` stores the embedding table (and an untied
-    lm_head) in FP8 with per-row scales. ``plan/memory.py`` prices exactly this layout.
+    lm_head) in FP8 with per-row scales. ``engine/sizing/memory.py`` prices exactly this layout.
     """
     folder = Path(path)
     if not folder.is_dir():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.plan.capacity import LengthDistribution, fit
-from chatfleet.plan.memory import memory_breakdown
 from chatfleet.plan.vllm_pool import vllm_pool
 
 # 4 layers, hidden 256, 4 heads x 64 (2 KV heads), 8 experts (2 active) of 192, every 2nd layer sparse

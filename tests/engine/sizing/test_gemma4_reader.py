@@ -10,10 +10,10 @@ from safetensors import safe_open
 
 from chatfleet.engine.config import CacheConfig, EngineConfig
 from chatfleet.engine.engine import Engine
+from chatfleet.engine.sizing.config_readers import model_shape
+from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.models.tiny_gemma4 import build_named
-from chatfleet.plan.memory import memory_breakdown
-from chatfleet.plan.tensors import model_shape
 
 S, F = "sliding_attention", "full_attention"
 

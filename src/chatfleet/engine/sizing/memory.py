@@ -18,7 +18,7 @@ Precision:
 Pool: give at most one of ``budget_bytes`` (weights + KV + ``reserved_bytes`` must fit:
 ``budget - weights - reserved -> KV pool``), ``kv_cache_bytes`` or ``kv_cache_tokens``.
 ``language_model_only`` marks vision/audio towers as skipped (listed, not counted).
-New architectures: add a config reader in ``plan/tensors.py`` (see its docstring).
+New architectures: add a config reader to ``config_readers.py`` (see ``tensors.py``'s docstring).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import Any
 
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.models.fp8_format import SCALE_BYTES, FP8WeightFormat
+from chatfleet.engine.sizing.config_readers import model_shape
+from chatfleet.engine.sizing.tensors import TENSOR_CLASSES, TOWER_CLASSES, TensorShape
 from chatfleet.errors import ConfigError
-from chatfleet.plan.tensors import TENSOR_CLASSES, TOWER_CLASSES, TensorShape, model_shape
 
 DTYPE_BYTES: Mapping[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 _ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -132,9 +133,10 @@ class MemoryBreakdown:
                          + (f", window {g.sliding_window}" if g.is_sliding else ""))
         if self.pool is not None:
             lines.append(f"  KV pool: {self.pool_tokens:,} tokens, {self.kv_pool_bytes / mib:.2f} MiB")
-        if self.budget_bytes is not None:
+        left = self.left_bytes
+        if self.budget_bytes is not None and left is not None:
             lines.append(f"  budget {self.budget_bytes / mib:.2f} MiB = weights + reserved "
-                         f"{self.reserved_bytes / mib:.2f} MiB + KV pool + left {self.left_bytes / mib:.2f} MiB")
+                         f"{self.reserved_bytes / mib:.2f} MiB + KV pool + left {left / mib:.2f} MiB")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

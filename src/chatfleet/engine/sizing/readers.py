@@ -1,5 +1,10 @@
-"""More config readers (see ``plan/tensors.py``): a mixture-of-experts decoder (Qwen3-MoE) and a
-sliding/full hybrid (Gemma 3's text model).
+"""The built-in config readers (see ``tensors.py``) but Gemma 4's (``gemma4_reader.py``): dense
+decoders of the Llama family (Qwen3, Qwen2, Llama, Mistral), a mixture-of-experts decoder
+(Qwen3-MoE) and a sliding/full hybrid (Gemma 3's text model). ``config_readers.py`` lists them
+by ``model_type``.
+
+``dense_decoder``: GQA attention (optional q/k norms and biases), SwiGLU MLP, RMSNorms, an
+optional tied embedding.
 
 ``qwen3_moe``: Qwen3 attention; layer ``i`` is sparse when ``(i + 1) % decoder_sparse_step == 0``
 and it is not in ``mlp_only_layers``: a router ``[experts, hidden]`` (kept in 16 bits, as FP8
@@ -16,9 +21,67 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chatfleet.engine.kv.spec import spec_from_layer_kinds
+from chatfleet.engine.kv.spec import KVCacheSpec, spec_from_layer_kinds
+from chatfleet.engine.sizing.tensors import ModelShape, TensorShape
 from chatfleet.errors import ConfigError
-from chatfleet.plan.tensors import ModelShape, TensorShape, _dense_decoder, config_reader
+
+
+def dense_decoder(cfg: Mapping[str, Any], block_size: int, *, qk_norm: bool, qkv_bias: bool,
+                  o_bias: bool) -> ModelShape:
+    """Llama-family dense decoder: GQA attention, SwiGLU MLP, RMSNorms, optional tied embedding."""
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        raise ConfigError(f"model type {cfg.get('model_type')!r} with experts needs its own config reader")
+    try:
+        vocab, h, inter = int(cfg["vocab_size"]), int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+        layers, heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or h // heads)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    t: list[TensorShape] = [TensorShape("model.embed_tokens.weight", "embedding", (vocab, h), "embedding")]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t += [TensorShape(a + "q_proj.weight", "attention", (q, h)),
+              TensorShape(a + "k_proj.weight", "attention", (kv, h)),
+              TensorShape(a + "v_proj.weight", "attention", (kv, h)),
+              TensorShape(a + "o_proj.weight", "attention", (h, q))]
+        if qkv_bias:
+            t += [TensorShape(a + f"{n}_proj.bias", "attention", (s,), "vector")
+                  for n, s in (("q", q), ("k", kv), ("v", kv))]
+        if o_bias:
+            t.append(TensorShape(a + "o_proj.bias", "attention", (h,), "vector"))
+        if qk_norm:
+            t += [TensorShape(a + "q_norm.weight", "norms", (head_dim,), "vector"),
+                  TensorShape(a + "k_norm.weight", "norms", (head_dim,), "vector")]
+        m = p + "mlp."
+        t += [TensorShape(m + "gate_proj.weight", "mlp", (inter, h)),
+              TensorShape(m + "up_proj.weight", "mlp", (inter, h)),
+              TensorShape(m + "down_proj.weight", "mlp", (h, inter)),
+              TensorShape(p + "input_layernorm.weight", "norms", (h,), "vector"),
+              TensorShape(p + "post_attention_layernorm.weight", "norms", (h,), "vector")]
+    t.append(TensorShape("model.norm.weight", "norms", (h,), "vector"))
+    if not tied:
+        t.append(TensorShape("lm_head.weight", "lm_head", (vocab, h), "embedding"))
+    spec = KVCacheSpec.uniform(layers, kv_heads, head_dim, block_size=block_size)
+    return ModelShape(str(cfg.get("model_type")), tuple(t), spec, int(cfg.get("max_position_embeddings", 32768)),
+                      tied, ("lm_head tied to the input embedding: one table",) if tied else ())
+
+
+def read_qwen3(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
+    bias = bool(cfg.get("attention_bias", False))
+    return dense_decoder(cfg, block_size, qk_norm=True, qkv_bias=bias, o_bias=bias)
+
+
+def read_qwen2(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
+    return dense_decoder(cfg, block_size, qk_norm=False, qkv_bias=True, o_bias=False)
+
+
+def read_llama(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
+    bias = bool(cfg.get("attention_bias", False))
+    return dense_decoder(cfg, block_size, qk_norm=False, qkv_bias=bias, o_bias=bias)
 
 
 def _need(cfg: Mapping[str, Any], *keys: str) -> list[int]:
@@ -28,7 +91,6 @@ def _need(cfg: Mapping[str, Any], *keys: str) -> list[int]:
         raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
 
 
-@config_reader("qwen3_moe")
 def read_qwen3_moe(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
     experts, active, moe_inter, layers, h = _need(cfg, "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                                                   "num_hidden_layers", "hidden_size")
@@ -40,7 +102,7 @@ def read_qwen3_moe(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
     dense_cfg = {k: v for k, v in cfg.items() if k not in ("num_experts", "num_local_experts")}
     dense_cfg.setdefault("intermediate_size", moe_inter)
     bias = bool(cfg.get("attention_bias", False))
-    base = _dense_decoder(dense_cfg, block_size, qk_norm=True, qkv_bias=bias, o_bias=bias)
+    base = dense_decoder(dense_cfg, block_size, qk_norm=True, qkv_bias=bias, o_bias=bias)
     sparse_prefixes = tuple(f"model.layers.{i}.mlp." for i in sparse)
     tensors = [t for t in base.tensors if not t.name.startswith(sparse_prefixes)]
     for i in sparse:
@@ -54,7 +116,6 @@ def read_qwen3_moe(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
                       base.tie_word_embeddings, base.notes + (note,))
 
 
-@config_reader("gemma3_text")
 def read_gemma3_text(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
     vocab, h, inter, layers, heads = _need(cfg, "vocab_size", "hidden_size", "intermediate_size",
                                            "num_hidden_layers", "num_attention_heads")
@@ -73,8 +134,10 @@ def read_gemma3_text(cfg: Mapping[str, Any], block_size: int) -> ModelShape:
     for i in range(layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        t += [TensorShape(a + "q_proj.weight", "attention", (q, h)), TensorShape(a + "k_proj.weight", "attention", (kv, h)),
-              TensorShape(a + "v_proj.weight", "attention", (kv, h)), TensorShape(a + "o_proj.weight", "attention", (h, q)),
+        t += [TensorShape(a + "q_proj.weight", "attention", (q, h)),
+              TensorShape(a + "k_proj.weight", "attention", (kv, h)),
+              TensorShape(a + "v_proj.weight", "attention", (kv, h)),
+              TensorShape(a + "o_proj.weight", "attention", (h, q)),
               TensorShape(a + "q_norm.weight", "norms", (head_dim,), "vector"),
               TensorShape(a + "k_norm.weight", "norms", (head_dim,), "vector"),
               TensorShape(p + "mlp.gate_proj.weight", "mlp", (inter, h)),

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
+from chatfleet.engine.sizing.config_readers import CONFIG_READERS, register_config_reader
+from chatfleet.engine.sizing.memory import memory_breakdown
+from chatfleet.engine.sizing.tensors import ModelShape, TensorShape
 from chatfleet.errors import ConfigError
-from chatfleet.plan.memory import memory_breakdown
-from chatfleet.plan.tensors import CONFIG_READERS, ModelShape, TensorShape, config_reader
 
 # 2 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 300 (not a multiple of 128), vocab 1000.
 QWEN3 = {
@@ -25,9 +26,24 @@ NORMS = 2 * (2 * 64 + 2 * 256) + 256  # q/k norms, two layer norms, final norm
 BLOCK_SCALES = 2 * (4 + 2 + 2 + 4 + 6 + 6 + 6)
 
 
-def test_imports_without_torch():
-    code = "import sys; import chatfleet.plan.memory; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+SIZING_MODULES = ("memory", "tensors", "config_readers", "readers", "gemma4_reader")
+
+
+def test_imports_without_torch_or_the_planner():
+    """The memory arithmetic sits below the engine's tensors and below the planner."""
+    imports = "; ".join(f"import chatfleet.engine.sizing.{m}" for m in SIZING_MODULES)
+    code = (f"import sys; {imports}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('chatfleet.plan')))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_listed_reader_reads_a_config():
+    from chatfleet.engine.sizing.config_readers import model_shape
+
+    assert {"qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "gemma3_text", "gemma4", "gemma4_text"} <= set(
+        CONFIG_READERS)
+    assert model_shape({**QWEN3, "model_type": "llama"}).kv_spec == model_shape(QWEN3).kv_spec
 
 
 def test_bf16_dense_by_class_and_kv_per_token():
@@ -115,11 +131,11 @@ def test_multimodal_towers_counted_but_skipped_for_language_model_only():
 def test_a_registered_reader_extends_the_arithmetic():
     from chatfleet.engine.kv.spec import KVCacheSpec
 
-    @config_reader("toy_moe")
     def read(cfg, block_size):
         return ModelShape("toy_moe", (TensorShape("experts.w", "experts", (4, 200, 256)),),
                           KVCacheSpec.uniform(1, 1, 8, block_size=block_size), 128)
 
+    register_config_reader(read, "toy_moe")
     try:
         b = memory_breakdown({"model_type": "toy_moe"}, dtype="bfloat16", quantization="fp8")
         assert b.bytes_of("experts") == 4 * 200 * 256 and b.bytes_of("scales") == 4 * 4 * 2 * 2

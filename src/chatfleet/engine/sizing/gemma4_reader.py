@@ -1,4 +1,4 @@
-"""Gemma 4's tensors from its config.json (registered as config readers ``gemma4_text``, ``gemma4``).
+"""Gemma 4's tensors from its config.json (the config reader of ``gemma4_text`` and ``gemma4``).
 
 The text model is listed tensor by tensor as the checkpoint holds it (``engine/models/
 gemma4_config.py`` reads the config, so the planner and the engine agree on every field): per
@@ -15,12 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chatfleet.engine.models.gemma4_config import FULL, SLIDING, Gemma4Config
-from chatfleet.plan.tensors import (
-    ModelShape,
-    TensorShape,
-    config_reader,
-    encoder_estimate,
-)
+from chatfleet.engine.sizing.tensors import ModelShape, TensorShape, encoder_estimate
 
 
 def _text_tensors(cfg: Gemma4Config, prefix: str) -> list[TensorShape]:
@@ -102,12 +97,13 @@ def _vision_tensors(v: Mapping[str, Any], text_hidden: int) -> list[TensorShape]
               for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                         "post_feedforward_layernorm")]
     if v.get("standardize"):
-        t += [TensorShape(p + "std_bias", "vision", (h,), "vector"), TensorShape(p + "std_scale", "vision", (h,), "vector")]
+        t += [TensorShape(p + "std_bias", "vision", (h,), "vector"),
+              TensorShape(p + "std_scale", "vision", (h,), "vector")]
     t.append(TensorShape("model.embed_vision.embedding_projection.weight", "vision", (text_hidden, h)))
     return t
 
 
-def _shape(config: Mapping[str, Any], block_size: int) -> ModelShape:
+def read_gemma4(config: Mapping[str, Any], block_size: int) -> ModelShape:
     cfg = Gemma4Config.from_hf(config)
     tensors = _text_tensors(cfg, cfg.weight_prefix)
     notes = []
@@ -123,8 +119,3 @@ def _shape(config: Mapping[str, Any], block_size: int) -> ModelShape:
     notes.append(f"layers: {kinds}" + (f", window {cfg.sliding_window}" if cfg.sliding_window else ""))
     return ModelShape(str(config.get("model_type")), tuple(tensors), cfg.kv_cache_spec(block_size),
                       cfg.max_position_embeddings, cfg.tie_word_embeddings, tuple(notes))
-
-
-@config_reader("gemma4", "gemma4_text")
-def read_gemma4(config: Mapping[str, Any], block_size: int) -> ModelShape:
-    return _shape(config, block_size)
