@@ -3,10 +3,9 @@
 import pytest
 
 from chatfleet.engine.output_processor import OutputProcessor
-from chatfleet.engine.outputs import TokenLogprob
-from chatfleet.engine.request import Request, RequestStatus, SamplingParams
+from chatfleet.engine.outputs import RequestUpdate, TokenLogprob
+from chatfleet.engine.request import RequestStatus, SamplingParams
 from chatfleet.engine.runner.sim_runner import make_byte_tokenizer
-from chatfleet.engine.scheduler import RequestUpdate
 
 TOK = make_byte_tokenizer()
 EOS = TOK.eos_token_id
@@ -16,17 +15,17 @@ def run(text_or_ids, finish_last=None, per_step=1, **params):
     """Feed tokens ``per_step`` at a time; the last update finishes with ``finish_last``."""
     params.setdefault("max_tokens", 200)
     ids = TOK.encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids)
-    r = Request("a", TOK.encode("hi"), SamplingParams(**params))
+    prompt = TOK.encode("hi")
     proc = OutputProcessor(TOK)
-    proc.add_request(r)
+    proc.add_request("a", prompt, SamplingParams(**params))
     outs, stopped = [], []
     for i in range(0, len(ids), per_step):
         new = ids[i : i + per_step]
-        r.output_token_ids.extend(new)
+        status = RequestStatus.RUNNING
         if i + per_step >= len(ids) and finish_last is not None:
-            r.status = finish_last
+            status = finish_last
         lps = [TokenLogprob(t, -1.0) for t in new]
-        step = proc.process([RequestUpdate(r, new, lps)])
+        step = proc.process([RequestUpdate("a", new, status, len(prompt), 0, i + len(new), lps)])
         stopped += step.stopped
         outs += step.outputs
         if outs and outs[-1].finished:
@@ -78,18 +77,18 @@ def test_eos_is_not_in_the_text_unless_asked():
 def test_logprobs_only_when_requested_and_prompt_logprobs_on_first_output():
     outs, _, _ = run("ab", RequestStatus.FINISHED_LENGTH)
     assert all(o.logprobs is None and o.prompt_logprobs is None for o in outs)
-    r = Request("b", [1, 2, 3], SamplingParams(max_tokens=5, logprobs=0, prompt_logprobs=0))
     proc = OutputProcessor(TOK)
-    proc.add_request(r)
+    proc.add_request("b", [1, 2, 3], SamplingParams(max_tokens=5, logprobs=0, prompt_logprobs=0))
     lp = [TokenLogprob(2, -0.5), TokenLogprob(3, -0.25)]
-    assert proc.process([RequestUpdate(r, [], None, lp[:1], True)]).outputs == []
-    r.output_token_ids.append(65)
-    (out,) = proc.process([RequestUpdate(r, [65], [TokenLogprob(65, -2.0)], lp[1:])]).outputs
+    running = RequestStatus.RUNNING
+    assert proc.process([RequestUpdate("b", [], running, 3, 0, 0, None, lp[:1], True)]).outputs == []
+    (out,) = proc.process([RequestUpdate("b", [65], running, 3, 0, 1, [TokenLogprob(65, -2.0)], lp[1:],
+                                         queue_time=0.25)]).outputs
     assert out.prompt_logprobs == [None, *lp]
     assert out.logprobs == [TokenLogprob(65, -2.0)]
-    r.output_token_ids.append(66)
-    (out,) = proc.process([RequestUpdate(r, [66], [TokenLogprob(66, -1.0)])]).outputs
-    assert out.prompt_logprobs is None and out.num_output_tokens == 2
+    assert out.queue_time == 0.25 and out.num_prompt_tokens == 3
+    (out,) = proc.process([RequestUpdate("b", [66], running, 3, 0, 2, [TokenLogprob(66, -1.0)])]).outputs
+    assert out.prompt_logprobs is None and out.num_output_tokens == 2 and out.queue_time is None
 
 
 @pytest.mark.parametrize("per_step", [1, 2, 3])

@@ -3,7 +3,7 @@
 import pytest
 
 from chatfleet.engine.config import SchedulerConfig
-from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.kv.manager import PagedKVManager
 from chatfleet.engine.outputs import RunnerOutput, SampledToken
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
 from chatfleet.engine.runner.sim_runner import SimRunner
@@ -15,7 +15,7 @@ BS = 4
 
 
 def make(num_blocks=64, max_model_len=1024, **cfg):
-    kv = KVManager(num_blocks, BS)
+    kv = PagedKVManager(num_blocks, BS)
     sched = Scheduler(SchedulerConfig(**cfg), kv, max_model_len=max_model_len, eos_token_ids=frozenset({0}))
     return sched, SimRunner(num_blocks, BS, vocab_size=1000)
 
@@ -194,7 +194,7 @@ def test_unknown_policy_lists_valid_ones():
 
 
 def test_scheduler_reads_time_from_the_injected_clock():
-    kv = KVManager(16, BS)
+    kv = PagedKVManager(16, BS)
     now = [100.0]
     sched = Scheduler(SchedulerConfig(), kv, max_model_len=64, clock=lambda: now[0])
     r = req("a", 5)
@@ -202,3 +202,26 @@ def test_scheduler_reads_time_from_the_injected_clock():
     now[0] = 142.5
     sched.schedule()
     assert r.first_scheduled_time == 142.5
+
+
+def test_updates_are_values_with_the_queue_time_on_the_first_output_only():
+    """A chunked prompt's update says nothing until its first token; that one carries the queue
+    time (first scheduled - arrival), the counts and the status after the step; later ones none."""
+    kv = PagedKVManager(16, BS)
+    now = [10.0]
+    sched = Scheduler(SchedulerConfig(max_batched_tokens=4), kv, max_model_len=64, clock=lambda: now[0])
+    runner = SimRunner(16, BS, vocab_size=1000)
+    r = req("a", 6, t=10.0, max_tokens=2)
+    sched.add_request(r)
+    now[0] = 12.5
+    updates = []
+    while sched.has_unfinished_requests():
+        plan = sched.schedule()
+        updates.append(sched.update(plan, runner.execute(plan)))
+    first, second = [u for step_updates in updates for u in step_updates]
+    assert updates[0] == []  # the prompt's first chunk samples nothing
+    assert first.request_id == "a" and first.new_token_ids == r.output_token_ids[:1]
+    assert (first.num_prompt_tokens, first.num_cached_tokens, first.num_output_tokens) == (6, 0, 1)
+    assert first.queue_time == 2.5 and first.status == RequestStatus.RUNNING and not first.finished
+    assert second.queue_time is None and second.num_output_tokens == 2
+    assert second.finished and second.finish_reason == "length"

@@ -4,7 +4,7 @@ max-wait guard, admission that is not head-of-line, and fcfs staying head-of-lin
 import pytest
 
 from chatfleet.engine.config import SchedulerConfig
-from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.kv.manager import PagedKVManager
 from chatfleet.engine.outputs import RunnerOutput
 from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.engine.runner.sim_runner import SimRunner
@@ -26,7 +26,7 @@ class Clock:
 
 def make(num_blocks=64, num_host_blocks=0, **cfg):
     clock = Clock()
-    kv = KVManager(num_blocks, BS, num_host_blocks=num_host_blocks, clock=clock)
+    kv = PagedKVManager(num_blocks, BS, num_host_blocks=num_host_blocks, clock=clock)
     sched = Scheduler(SchedulerConfig(**cfg), kv, max_model_len=1024, clock=clock)
     return sched, SimRunner(num_blocks, BS, vocab_size=1000, num_host_blocks=num_host_blocks), clock
 

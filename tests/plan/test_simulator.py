@@ -4,9 +4,9 @@ virtual time; the cost model's roofline; a simulated sweep writes the measured s
 from __future__ import annotations
 
 import asyncio
+import random
 import select
 import threading
-import random
 
 import pytest
 
@@ -172,7 +172,8 @@ def test_a_failing_step_reaches_the_replicas_run():
 
     async def main():
         loop_task = asyncio.create_task(replica.run())
-        sender = asyncio.create_task(replica.generate("a", list(range(1, 9)), 6, RequestRecord(0, 0, 0, 0, 0.0), 0.0, 0.0))
+        record = RequestRecord(0, 0, 0, 0, 0.0)
+        sender = asyncio.create_task(replica.generate("a", list(range(1, 9)), 6, record, 0.0, 0.0))
         with pytest.raises(RuntimeError, match="cost model broke"):
             await loop_task
         sender.cancel()
@@ -266,7 +267,8 @@ def test_coarse_time_charges_k_real_steps_and_reports_real_tokens():
         plan = replica_plan(cfg, load_catalog().get("cpu"), ServingConfig(weights="fp32", kv_cache_tokens=8192),
                             token_scale=k)
         assert plan.num_blocks == 8192 // 16 // k
-        res = simulate_point(proto, 6, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()), plan)
+        res = simulate_point(proto, 6, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()),
+                             plan)
         runs[k] = res.points[0].runs[0]
     for k in (1, 4):
         done = [r for r in runs[k].records if r.status == "ok" and r.end_s is not None]
@@ -294,35 +296,3 @@ def test_decode_cost_is_the_same_float_as_the_plans_cost():
             assert cm.batch_cost(len(starts), sum(starts), longer) == cm(mixed)
     windowed = ModelCost(10**9, 2e9, 1024, (GroupCost(8, 1024, 128, 16 * 8 * 1024),), "bf16")
     assert StepCostModel(windowed, load_catalog().get("L4")).decode_cost(2, 10) is None  # no closed form
-
-
-@pytest.mark.parametrize("host,policy", [(0, "fcfs"), (2 * 2**20, "fcfs"), (0, "lpm")])
-def test_decode_spans_change_nothing_in_a_simulated_run(host, policy, monkeypatch):
-    """The same run with decode spans on and off: every record (times, gaps, hits) identical;
-    with lpm (not head-of-line) the spans' steps run the scheduler's admission every step."""
-    from dataclasses import replace
-
-    from chatfleet.plan.decode_span import DecodeSpan
-
-    span_steps = []
-    step = DecodeSpan.step
-    monkeypatch.setattr(DecodeSpan, "step", lambda self: span_steps.append(1) or step(self))
-
-    from chatfleet.plan.memory_report import read_model_config
-    from chatfleet.plan.replica_setup import ServingConfig, replica_plan
-
-    cfg, _ = read_model_config("small")
-    serving = ServingConfig(weights="fp32", kv_cache_tokens=1024, host_cache_bytes=host,
-                            scheduler=SchedulerConfig(max_running=6, policy=policy))
-    plan = replica_plan(cfg, load_catalog().get("cpu"), serving)
-    proto = sim_protocol(LoadSpec("closed", 8, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=2s"))
-
-    def records(spans: bool):
-        res = simulate_point(proto, 8, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()),
-                             replace(plan, decode_spans=spans))
-        return [(r.conv_id, r.turn, r.status, r.sent_s, r.first_token_s, r.end_s, r.ttft_s, tuple(r.itl_s),
-                 r.cached_tokens, r.prompt_tokens, r.output_tokens) for r in res.points[0].runs[0].records]
-
-    with_spans = records(True)
-    assert len(with_spans) > 30 and len(span_steps) > 100
-    assert with_spans == records(False)

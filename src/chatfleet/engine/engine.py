@@ -2,32 +2,31 @@
 
 The scheduler plans (which requests, how many tokens, which KV blocks), the runner executes the
 plan on tensors, the scheduler applies the results and the output processor turns them into
-``RequestOutput``s. Not thread-safe: one thread drives it (``AsyncEngine`` does).
+``RequestOutput``s. Its parts (runner, KV manager, context length) come from
+``engine/builder.py``. The planner runs many plain steps at once through ``open_decode_span``
+(``engine/decode_span.py``), with exactly ``step()``'s effects. Not thread-safe: one thread
+drives it (``AsyncEngine`` does).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from chatfleet.engine.config import EngineConfig, engine_memory
-from chatfleet.engine.kv.hybrid import HybridKVManager
-from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.builder import EngineParts, build_engine_parts
+from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.decode_span import BatchCost, DecodeCost, DecodeSpan
+from chatfleet.engine.kv.base import KVManager
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
-from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.engine.output_processor import OutputProcessor
-from chatfleet.engine.outputs import RequestOutput, RunnerOutput
+from chatfleet.engine.outputs import RequestOutput, RunnerOutput, SchedulerOutput
 from chatfleet.engine.request import Request, RequestStatus, SamplingParams
+from chatfleet.engine.runner.base import Runner
 from chatfleet.engine.scheduler import Scheduler
-from chatfleet.engine.stats import EngineStats, TransferTotals
-from chatfleet.errors import ConfigError, InvalidRequestError, KVIntegrityError, RequestTooLongError
 from chatfleet.engine.sizing.memory import MemoryBreakdown
-from chatfleet.engine.sizing.config_readers import has_config_reader
-
-log = logging.getLogger(__name__)
+from chatfleet.engine.stats import EngineStats, OutputCounts, TransferTotals
+from chatfleet.errors import InvalidRequestError, KVIntegrityError, RequestTooLongError
 
 
 class Engine:
@@ -35,116 +34,34 @@ class Engine:
         self,
         config: EngineConfig,
         *,
-        runner: Any = None,
+        runner: Runner | None = None,
         tokenizer: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        parts: EngineParts | None = None,
     ) -> None:
+        """An engine of ``parts``, or of the parts ``build_engine_parts`` makes of the config (the
+        model loaded, unless ``runner`` and ``tokenizer`` are given)."""
+        if parts is None:
+            parts = build_engine_parts(config, runner=runner, tokenizer=tokenizer, clock=clock)
         self.config = config
         self.clock = clock
-        model_max_len = None
-        self.kv_spec: KVCacheSpec | None = None  # None for an injected runner that gave none
-        self.pool_plan: PoolPlan | None = None
-        self.memory: MemoryBreakdown | None = None  # weights by class, KV per token, pool (plan/memory.py)
-        vocab_size = getattr(runner, "vocab_size", None)
-        if runner is None:
-            from chatfleet.engine.runner.torch_runner import TorchRunner
-
-            loaded = self._load_model(config)
-            if has_config_reader(loaded.hf_config):
-                memory = engine_memory(config, loaded.hf_config)
-                self.memory, self.kv_spec, self.pool_plan = memory, memory.kv_spec, memory.pool
-                log.info("%s", memory.describe())
-            else:  # a model type the memory arithmetic does not know yet: the model's own spec
-                self.kv_spec = loaded.config.kv_cache_spec(config.cache.block_size, config.resolved_kv_cache_dtype)
-                self.pool_plan = config.cache.plan_pools(self.kv_spec)
-                log.info("%s", self.pool_plan.describe())
-            num_blocks: int | dict[str, int] = self.pool_plan.pools[0].num_blocks
-            if len(self.kv_spec.groups) > 1:  # a pool per layer group (kv/hybrid.py)
-                if config.cache.host_memory_bytes:
-                    raise ConfigError("the host cache tier is not supported for models with several KV layer groups")
-                num_blocks = {p.group.name: p.num_blocks for p in self.pool_plan.pools}
-                log.info("%s", self.pool_plan.describe())
-            host_plan = config.cache.plan_host_pools(self.kv_spec)
-            num_host_blocks = host_plan.pools[0].num_blocks if host_plan is not None else 0
-            if host_plan is not None:
-                log.info("host tier: %s", host_plan.describe())
-            check_kv_fits(self.pool_plan.num_bytes, host_plan.num_bytes if host_plan else 0, config.device)
-            runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
-                                 num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
-                                 kv_scales_from_prompts=config.kv_scales_from_prompts)
-            tokenizer = tokenizer or loaded.tokenizer
-            model_max_len = loaded.max_model_len
-            vocab_size = loaded.config.vocab_size
-        elif tokenizer is None:
-            raise ConfigError("an Engine given a runner needs a tokenizer too")
-        self.runner = runner
-        self.tokenizer = tokenizer
+        self.runner: Runner = parts.runner
+        self.tokenizer: Any = parts.tokenizer
+        self.kv: KVManager = parts.kv
+        self.kv_spec: KVCacheSpec | None = parts.kv_spec  # None for an injected runner
+        self.pool_plan: PoolPlan | None = parts.pool_plan
+        self.memory: MemoryBreakdown | None = parts.memory
         self.model_name = config.served_model_name or config.model
-        model_max_len = model_max_len or getattr(runner, "max_model_len", None)
-        if config.max_model_len is not None:
-            if model_max_len is not None and config.max_model_len > model_max_len:
-                raise ConfigError(
-                    f"max_model_len {config.max_model_len} exceeds the model's {model_max_len}"
-                )
-            model_max_len = config.max_model_len
-        if model_max_len is None:
-            raise ConfigError("cannot tell the model's context length; set max_model_len")
-        block_size = getattr(runner, "block_size", config.cache.block_size)
-        if block_size != config.cache.block_size:
-            raise ConfigError(f"runner block size {block_size} != configured {config.cache.block_size}")
-        if config.max_model_len is None:
-            # Unless asked otherwise, serve no longer a request than the pool can ever hold.
-            model_max_len = min(model_max_len, runner.num_blocks * block_size)
-        self.max_model_len: int = model_max_len
-        self.vocab_size: int = vocab_size or tokenizer.vocab_size
-        scheduler_config = config.scheduler
-        if self.pool_plan is not None and len(self.pool_plan.pools) > 1:
-            self.kv: KVManager | HybridKVManager = HybridKVManager(
-                self.pool_plan,
-                enable_prefix_caching=config.cache.enable_prefix_caching,
-                eviction_policy=config.cache.eviction_policy,
-                keep_slid_out_blocks=config.cache.keep_slid_out_blocks,
-                clock=clock,
-            )
-            fit = self.kv.max_step_tokens()
-            if fit < scheduler_config.max_batched_tokens:
-                log.warning("max_batched_tokens %d -> %d: what the sliding-window KV pool holds in one step",
-                            scheduler_config.max_batched_tokens, fit)
-                scheduler_config = replace(scheduler_config, max_batched_tokens=fit)
-        else:
-            self.kv = KVManager(
-                runner.num_blocks,
-                block_size,
-                enable_prefix_caching=config.cache.enable_prefix_caching,
-                eviction_policy=config.cache.eviction_policy,
-                num_host_blocks=getattr(runner, "num_host_blocks", 0),
-                host_eviction_policy=config.cache.host_eviction_policy,
-                clock=clock,
-            )
-        eos = getattr(tokenizer, "stop_token_ids", ()) or ()
+        self.max_model_len: int = parts.max_model_len
+        self.vocab_size: int = parts.vocab_size
+        eos = getattr(self.tokenizer, "stop_token_ids", ()) or ()
         self.scheduler = Scheduler(
-            scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
+            parts.scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=frozenset(eos),
             clock=clock,
         )
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._transfers = TransferTotals()
-        self.output_processor = OutputProcessor(tokenizer)
-        self._prompt_tokens = 0
-        self._generation_tokens = 0
-        self._num_finished = 0
-
-    @staticmethod
-    def _load_model(config: EngineConfig) -> Any:
-        from chatfleet.engine.models.loader import load_model
-        from chatfleet.models.tiny import resolve_model
-
-        if config.num_threads is not None:
-            import torch
-
-            torch.set_num_threads(config.num_threads)
-        return load_model(resolve_model(config.model), dtype=config.dtype, device=config.device,
-                          kernels=config.kernels, quantization=config.quantization,
-                          embedding_dtype=config.embedding_dtype,
-                          language_model_only=config.language_model_only)
+        self._counts = OutputCounts()
 
     # ---- requests -----------------------------------------------------------------------------
     @property
@@ -198,7 +115,7 @@ class Engine:
             session_id=session_id,
         )
         self.scheduler.add_request(request)
-        self.output_processor.add_request(request)
+        self.output_processor.add_request(request_id, request.prompt_token_ids, params)
 
     def abort_request(self, request_id: str) -> None:
         """Finish the request now and free its blocks; no-op if unknown or finished."""
@@ -221,65 +138,59 @@ class Engine:
         processed = self.output_processor.process(updates)
         for hit in processed.stopped:
             self.scheduler.finish_request(hit.request_id, RequestStatus.FINISHED_STOPPED)
-        self.note_outputs(processed.outputs)
+        self._counts.count(processed.outputs)
         return processed.outputs
 
-    def note_outputs(self, outputs: list[RequestOutput]) -> None:
-        """Count a step's outputs in the engine's stats (``step()``, and the planner's steps run
-        outside it: ``plan/decode_span.py``)."""
-        for out in outputs:
-            self._generation_tokens += len(out.new_token_ids)
-            if out.num_output_tokens == len(out.new_token_ids):
-                self._prompt_tokens += out.num_prompt_tokens  # first output of the request
-            if out.finished:
-                self._num_finished += 1
-
-    def count_generated(self, num_tokens: int) -> None:
-        """Output tokens produced outside ``step()`` (the planner's many-steps-at-once decode)."""
-        self._generation_tokens += num_tokens
+    def open_decode_span(
+        self,
+        decode_cost: DecodeCost | None,
+        charge: Callable[[SchedulerOutput], float] | None,
+        batch_cost: BatchCost | None = None,
+        admits: bool = False,
+    ) -> DecodeSpan | None:
+        """Many plain steps run at once, with exactly ``step()``'s effects (the planner's fast
+        path, ``engine/decode_span.py``); None where the next step is not plain. The runner must
+        be a ``SimRunner`` in fast mode. ``admits``: every request added is plain (a forced
+        length, no logprobs, penalties or stop strings), so the span's steps may admit them."""
+        return DecodeSpan.open(self.scheduler, self.kv, self.runner, self.output_processor, self._counts,
+                               decode_cost, charge, batch_cost, admits)
 
     # ---- memory and stats ---------------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
 
     def stats(self) -> EngineStats:
-        pc = self.kv.prefix_cache
+        """The engine's counters and gauges now (the KV manager's ``stats()`` value built here)."""
+        kv, counts, t = self.kv.stats(), self._counts, self._transfers
+        host = kv.host
+        tiered = host is not None
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            kv_usage=self.kv.usage,
-            num_blocks=self.kv.num_blocks,
-            block_size=self.kv.block_size,
-            num_cached_blocks=self.kv.pool.num_cached_blocks,
-            prefix_cache_queries=pc.queries,
-            prefix_cache_hits=pc.hits,
+            kv_usage=kv.usage,
+            num_blocks=kv.num_blocks,
+            block_size=kv.block_size,
+            num_cached_blocks=kv.num_cached_blocks,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
-            num_evictions=self.kv.pool.num_evictions,
-            prompt_tokens=self._prompt_tokens,
-            generation_tokens=self._generation_tokens,
-            num_finished=self._num_finished,
-            **self._host_stats(),
-        )
-
-    def _host_stats(self) -> dict[str, int | float]:
-        host = self.kv.host
-        if host is None:
-            return {}
-        pc, t = self.kv.prefix_cache, self._transfers
-        return dict(
-            host_num_blocks=host.pool.num_blocks,
-            host_num_cached_blocks=host.pool.num_cached_blocks,
-            host_cache_queries=pc.host_queries,
-            host_cache_hits=pc.host_hits,
-            host_promotions=host.promotions,
-            host_demotions=host.demotions,
-            host_demotions_skipped=host.demotions_skipped,
-            host_demotions_dropped=host.demotions_dropped,
-            host_evictions=host.evictions,
-            kv_bytes_loaded=t.bytes_loaded,
-            kv_bytes_stored=t.bytes_stored,
-            kv_seconds_loading=t.seconds_loading,
-            kv_seconds_storing=t.seconds_storing,
+            num_evictions=kv.num_evictions,
+            prompt_tokens=counts.prompt_tokens,
+            generation_tokens=counts.generation_tokens,
+            num_finished=counts.num_finished,
+            host_num_blocks=host.num_blocks if host is not None else None,
+            host_num_cached_blocks=host.num_cached_blocks if host is not None else None,
+            host_cache_queries=kv.host_cache_queries if tiered else None,
+            host_cache_hits=kv.host_cache_hits if tiered else None,
+            host_promotions=host.promotions if host is not None else None,
+            host_demotions=host.demotions if host is not None else None,
+            host_demotions_skipped=host.demotions_skipped if host is not None else None,
+            host_demotions_dropped=host.demotions_dropped if host is not None else None,
+            host_evictions=host.evictions if host is not None else None,
+            kv_bytes_loaded=t.bytes_loaded if tiered else None,
+            kv_bytes_stored=t.bytes_stored if tiered else None,
+            kv_seconds_loading=t.seconds_loading if tiered else None,
+            kv_seconds_storing=t.seconds_storing if tiered else None,
         )
 
     def check_integrity(self) -> None:

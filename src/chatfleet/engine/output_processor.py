@@ -3,7 +3,8 @@
 Text is produced by the tokenizer's incremental detokenizer. While stop strings are set, the
 last ``len(longest stop) - 1`` characters are held back so a stop string split across tokens
 is never streamed before it is recognised. A stop string finishes the request; the engine then
-frees its blocks.
+frees its blocks. It reads only the updates' values and what ``add_request`` gave it (the
+sampling parameters, the prompt for the detokenizer); it never sees a ``Request``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatfleet.engine.outputs import RequestOutput, TokenLogprob
-from chatfleet.engine.request import Request, RequestStatus
-from chatfleet.engine.scheduler import RequestUpdate
+from chatfleet.engine.outputs import RequestOutput, RequestUpdate, TokenLogprob
+from chatfleet.engine.request import RequestStatus, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,9 @@ class StopStringHit:
     stop: str
 
 
-@dataclass
+@dataclass(slots=True)
 class _State:
+    params: SamplingParams
     detokenizer: Any
     text: str = ""  # output text so far, already cut at a stop string
     sent: int = 0  # characters of ``text`` already emitted
@@ -42,10 +43,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._states: dict[str, _State] = {}
 
-    def add_request(self, request: Request) -> None:
-        self._states[request.request_id] = _State(
-            self.tokenizer.incremental_detokenizer(request.prompt_token_ids)
-        )
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._states[request_id] = _State(params, self.tokenizer.incremental_detokenizer(prompt_token_ids))
 
     def remove_request(self, request_id: str) -> None:
         self._states.pop(request_id, None)
@@ -58,7 +57,7 @@ class OutputProcessor:
         outputs: list[RequestOutput] = []
         stopped: list[StopStringHit] = []
         for u in updates:
-            state = self._states.get(u.request.request_id)
+            state = self._states.get(u.request_id)
             if state is None:
                 continue
             if u.prompt_logprobs is not None:
@@ -72,19 +71,14 @@ class OutputProcessor:
             if hit is not None:
                 stopped.append(hit)
             if output.finished:
-                del self._states[u.request.request_id]
+                del self._states[u.request_id]
         return ProcessedStep(outputs, stopped)
 
     def _process_tokens(self, state: _State, u: RequestUpdate) -> tuple[RequestOutput, StopStringHit | None]:
-        request = u.request
-        params = request.sampling_params
-        finished = request.is_finished
+        params = state.params
+        finished = engine_finished = u.status.is_finished
         token_ids = u.new_token_ids
-        if (
-            finished
-            and request.status == RequestStatus.FINISHED_STOPPED
-            and not params.include_stop_str_in_output
-        ):
+        if finished and u.status == RequestStatus.FINISHED_STOPPED and not params.include_stop_str_in_output:
             token_ids = token_ids[:-1]  # an eos or stop token id is not part of the text
         delta = state.detokenizer.add_tokens(token_ids) if token_ids else ""
         if finished:
@@ -97,7 +91,7 @@ class OutputProcessor:
                 stop_str = self._cut_at_stop(state, old_len, params.stop, params.include_stop_str_in_output)
         if stop_str is not None:
             finished = True
-        finish_reason = "stop" if stop_str is not None else request.status.finish_reason if finished else None
+        finish_reason = "stop" if stop_str is not None else u.status.finish_reason if finished else None
         hold = 0 if finished or not params.stop else max(len(s) for s in params.stop) - 1
         end = max(state.sent, len(state.text) - hold)
         new_text = state.text[state.sent : end]
@@ -108,21 +102,22 @@ class OutputProcessor:
             if params.prompt_logprobs is not None:
                 prompt_lp = [None, *state.prompt_logprobs]
         output = RequestOutput(
-            request_id=request.request_id,
+            request_id=u.request_id,
             new_token_ids=list(u.new_token_ids),
             new_text=new_text,
             finished=finished,
             finish_reason=finish_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            num_output_tokens=request.num_output_tokens,
+            num_prompt_tokens=u.num_prompt_tokens,
+            num_cached_tokens=u.num_cached_tokens,
+            num_output_tokens=u.num_output_tokens,
             logprobs=u.new_logprobs if params.logprobs is not None else None,
             prompt_logprobs=prompt_lp,
             stop_reason=stop_str if stop_str is not None else u.stop_reason,
+            queue_time=u.queue_time,
         )
         hit = None
-        if stop_str is not None and not request.is_finished:
-            hit = StopStringHit(request.request_id, stop_str)
+        if stop_str is not None and not engine_finished:
+            hit = StopStringHit(u.request_id, stop_str)
         return output, hit
 
     @staticmethod

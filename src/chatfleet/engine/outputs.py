@@ -1,16 +1,19 @@
 """Named values passed between scheduler, runner and engine.
 
 ``Scheduler.schedule() -> SchedulerOutput``; ``Runner.execute(SchedulerOutput) -> RunnerOutput``;
-``Scheduler.update(SchedulerOutput, RunnerOutput)``; ``Engine.step() -> list[RequestOutput]``.
-The runner never decides policy; the scheduler never touches tensors.
+``Scheduler.update(SchedulerOutput, RunnerOutput) -> list[RequestUpdate]``;
+``OutputProcessor.process(list[RequestUpdate])`` and ``Engine.step() -> list[RequestOutput]``.
+The runner never decides policy; the scheduler never touches tensors. Everything here is a
+value: nothing downstream of the scheduler holds a ``Request``.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from chatfleet.engine.request import SamplingParams
+from chatfleet.engine.request import RequestStatus, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,35 @@ class RunnerOutput:
     kv_transfer: TransferStats = NO_TRANSFERS
 
 
+class RequestUpdate(NamedTuple):
+    """What one step did to one request, for the output processor (a tuple: one is built per
+    sampled token, so it is made in C).
+
+    ``status`` is the request's status after the step; the counts are after it too.
+    ``queue_time`` (first scheduled - arrival, seconds) is set on the update of the request's
+    first output token only."""
+
+    request_id: str
+    new_token_ids: list[int]
+    status: RequestStatus
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prefix-cache hit at first scheduling (0 before)
+    num_output_tokens: int
+    new_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # this chunk's entries
+    prompt_logprobs_restart: bool = False  # the chunk started at position 0: drop earlier entries
+    stop_reason: int | None = None  # the stop token id that finished it
+    queue_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+
 @dataclass(frozen=True)
 class RequestOutput:
     """What a caller of ``Engine.step()`` sees for one request this step."""
@@ -136,3 +168,5 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # one per new token when requested
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on the first output; [0] is None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    # on the request's first output: first scheduled - arrival, seconds (a measurement, not compared)
+    queue_time: float | None = field(default=None, compare=False)

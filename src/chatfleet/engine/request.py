@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from chatfleet.errors import InvalidRequestError

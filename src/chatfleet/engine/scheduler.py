@@ -12,27 +12,13 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from chatfleet.engine.config import SchedulerConfig
-from chatfleet.engine.kv.manager import KVManager
-from chatfleet.engine.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput, TokenLogprob
+from chatfleet.engine.kv.base import KVManager
+from chatfleet.engine.outputs import RequestUpdate, RunnerOutput, ScheduledChunk, SchedulerOutput, TokenLogprob
 from chatfleet.engine.request import Request, RequestStatus
 from chatfleet.engine.scheduling_policy import make_scheduling_policy
 from chatfleet.errors import KVIntegrityError, ServerOverloadedError
-
-
-@dataclass(frozen=True)
-class RequestUpdate:
-    """What one step did to one request, for the output processor."""
-
-    request: Request
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob] | None = None  # this chunk's entries
-    prompt_logprobs_restart: bool = False  # the chunk started at position 0: drop earlier entries
-    stop_reason: int | None = None  # the stop token id that finished it
-
 
 MAX_SKIPS = 8  # candidates that did not fit, tried per step before admission stops
 
@@ -241,19 +227,35 @@ class Scheduler:
             prompt_lp = result.prompt_logprobs.get(chunk.request_id) if chunk.want_prompt_logprobs else None
             if not chunk.sample:
                 if prompt_lp is not None:
-                    updates.append(RequestUpdate(request, [], None, prompt_lp, chunk.start_position == 0))
+                    updates.append(RequestUpdate(
+                        request.request_id, [], request.status, request.num_prompt_tokens,
+                        max(request.num_cached_tokens, 0), len(request.output_token_ids),
+                        None, prompt_lp, chunk.start_position == 0,
+                    ))
                 continue
             sampled = result.sampled[chunk.request_id]
-            request.output_token_ids.append(sampled.token_id)
-            stop_reason = self.check_stop(request, sampled.token_id)
             logprobs = [sampled.logprob] if sampled.logprob is not None else None
-            updates.append(
-                RequestUpdate(
-                    request, [sampled.token_id], logprobs, prompt_lp,
-                    chunk.want_prompt_logprobs and chunk.start_position == 0, stop_reason,
-                )
-            )
+            updates.append(self.sampled_update(
+                request, sampled.token_id, logprobs, prompt_lp, chunk.want_prompt_logprobs and chunk.start_position == 0
+            ))
         return updates
+
+    def sampled_update(self, request: Request, token_id: int, logprobs: list[TokenLogprob] | None = None,
+                       prompt_logprobs: list[TokenLogprob] | None = None, restart: bool = False) -> RequestUpdate:
+        """Apply a token sampled for a running request whose KV is now computed: append it,
+        check the stop (which may finish the request), and say so as a value."""
+        outputs = request.output_token_ids
+        outputs.append(token_id)
+        stop_reason = self.check_stop(request, token_id)
+        num_outputs = len(outputs)
+        queue_time = None
+        if num_outputs == 1 and request.first_scheduled_time is not None:
+            queue_time = request.first_scheduled_time - request.arrival_time
+        return RequestUpdate(
+            request.request_id, [token_id], request.status, len(request.prompt_token_ids),
+            max(request.num_cached_tokens, 0), num_outputs, logprobs, prompt_logprobs, restart, stop_reason,
+            queue_time,
+        )
 
     def check_stop(self, request: Request, token_id: int) -> int | None:
         """Finish the request if this token ends it; return the stop token id when one did."""

@@ -30,7 +30,7 @@ from chatfleet.registry import Registry
 
 if TYPE_CHECKING:
     from chatfleet.engine.config import SchedulerConfig
-    from chatfleet.engine.kv.manager import KVManager
+    from chatfleet.engine.kv.base import KVManager
 
 Clock = Callable[[], float]
 

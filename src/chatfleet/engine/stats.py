@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatfleet.engine.outputs import TransferStats
+from chatfleet.engine.outputs import RequestOutput, TransferStats
 
-__all__ = ["EngineStats", "TransferTotals"]
+__all__ = ["EngineStats", "OutputCounts", "TransferTotals"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,25 @@ class EngineStats:
         if not self.host_num_blocks or self.host_num_cached_blocks is None:
             return None
         return self.host_num_cached_blocks / self.host_num_blocks
+
+
+@dataclass(slots=True)
+class OutputCounts:
+    """Tokens and requests the engine's steps produced (``Engine.step()`` and its decode spans,
+    ``engine/decode_span.py``, which count here themselves)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_finished: int = 0
+
+    def count(self, outputs: list[RequestOutput]) -> None:
+        """Count a step's outputs."""
+        for out in outputs:
+            self.generation_tokens += len(out.new_token_ids)
+            if out.num_output_tokens == len(out.new_token_ids):
+                self.prompt_tokens += out.num_prompt_tokens  # first output of the request
+            if out.finished:
+                self.num_finished += 1
 
 
 @dataclass

@@ -6,6 +6,7 @@ the one a measured ``chatfleet sweep`` writes, so ``chatfleet fleet`` and the re
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,7 +21,6 @@ from chatfleet.engine.outputs import SchedulerOutput
 from chatfleet.plan.sim_load import TurnRequest, run_sim_load
 from chatfleet.plan.sim_replica import SimReplica
 from chatfleet.plan.virtual_loop import VirtualClock, run_virtual
-import asyncio
 
 SIM_URL = "http://simulated.invalid"  # RunProtocol needs a URL; nothing connects to it
 
@@ -35,7 +35,7 @@ class ReplicaPlan:
     cost_model: Callable[[SchedulerOutput], float]
     fast: bool = True  # SimRunner without content checks
     token_scale: int = 1  # coarse time: one simulated token stands for this many (replica_setup.py)
-    decode_spans: bool = True  # plain steps run by plan/decode_span.py (same results)
+    decode_spans: bool = True  # plain steps run by the engine's decode spans (same results)
 
     def build(self, name: str, clock: VirtualClock,
               on_plan: Callable[[SchedulerOutput], None] | None = None) -> SimReplica:

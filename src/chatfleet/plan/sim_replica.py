@@ -5,8 +5,9 @@
 there is work each step runs at once and a timer at its end (its cost later) hands the step's
 tokens to their requests, timestamped there, and runs the next step; a step that ends before
 anything else on the loop can run skips the timer (the loop would jump straight to it). Plain
-steps (decodes, admissions and prefill chunks of plain requests) run through
-``plan/decode_span.py`` with the engine's own effects. ``generate()`` submits one
+steps (decodes, admissions and prefill chunks of plain requests) run through the engine's
+decode spans (``Engine.open_decode_span``, ``engine/decode_span.py``) with ``step()``'s own
+effects. ``generate()`` submits one
 request and fills its ``RequestRecord`` (TTFT, every inter-token gap, cached tokens) as a
 measured run would. ``on_plan`` sees every ``SchedulerOutput`` (tests compare them).
 
@@ -26,12 +27,12 @@ from typing import Any
 
 from chatfleet.bench.records import RequestRecord
 from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.decode_span import DecodeSpan, Lane
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.outputs import RequestOutput, SchedulerOutput
 from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.errors import InvalidRequestError, ServerOverloadedError
-from chatfleet.plan.decode_span import DecodeSpan, Lane
 from chatfleet.plan.session_hashes import SessionHashes
 from chatfleet.plan.virtual_loop import VirtualClock
 
@@ -94,7 +95,7 @@ class SimReplica:
         self._timer: asyncio.TimerHandle | None = None  # the running step's end
         self._closed = False
         self.busy_s = 0.0  # virtual seconds spent in steps
-        # plain steps (decodes, prefills, admissions) run by plan/decode_span.py: fast mode, exact time only
+        # plain steps (decodes, prefills, admissions) run by the engine's decode spans: fast mode, exact time only
         self.decode_spans = decode_spans and fast and token_scale == 1
         self._decode_cost = getattr(cost_model, "decode_cost", None) if on_plan is None else None
         self._batch_cost = getattr(cost_model, "batch_cost", None) if on_plan is None else None
@@ -273,7 +274,7 @@ class SimReplica:
                 if not p.future.done():  # the caller may have left (drain timeout)
                     p.future.set_result(p.tokens)
 
-    # ---- decode spans (plan/decode_span.py) ----------------------------------------------------
+    # ---- decode spans (engine/decode_span.py) --------------------------------------------------
     def _span_step(self) -> float | None:
         """Run the next step as the open span's (opening one where it can), or None (nothing
         done, the span committed) where it is not a plain decode step."""
@@ -282,8 +283,7 @@ class SimReplica:
             self._end_span()
             span = None
         if span is None:
-            span = DecodeSpan.open(self.engine, self.runner, self._decode_cost, self._charge, self._batch_cost,
-                                   admits=True)
+            span = self.engine.open_decode_span(self._decode_cost, self._charge, self._batch_cost, admits=True)
             if span is None:
                 return None
             now = self.clock()

@@ -59,7 +59,7 @@ def test_metrics_and_models_carry_the_breakdown(served):
 def test_start_up_log_shows_the_table(caplog):
     from chatfleet.engine.engine import Engine
 
-    with caplog.at_level(logging.INFO, logger="chatfleet.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="chatfleet.engine.builder"):
         Engine(EngineConfig(model="tiny", kv_cache_dtype="bfloat16", cache=CacheConfig(num_tokens=512)))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "Memory: qwen3" in text and "embedding" in text and "KV full: 1,536 B/token" in text

@@ -109,11 +109,11 @@ def test_pause_model_reuse_probability_shape():
 
 
 def test_both_pools_share_one_pause_model_learned_from_turns():
-    from chatfleet.engine.kv.manager import KVManager
+    from chatfleet.engine.kv.manager import PagedKVManager
     from chatfleet.engine.request import Request, SamplingParams
 
     now = [0.0]
-    kv = KVManager(8, 4, eviction_policy="session", num_host_blocks=8, host_eviction_policy="session",
+    kv = PagedKVManager(8, 4, eviction_policy="session", num_host_blocks=8, host_eviction_policy="session",
                    clock=lambda: now[0])
     assert kv.pool._evictable.model is kv.pauses is kv.host_pool._evictable.model
     for turn in range(3):

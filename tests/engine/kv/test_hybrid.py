@@ -212,3 +212,51 @@ def test_max_step_tokens_fits_a_chunk_and_its_window():
     r = _req("a", range(100))
     assert _compute(kv, r, fit, kv.match_prefix(r)) is not None  # alone, one step of that size fits
     kv.check_integrity()
+
+
+def test_block_counts_ahead_of_allocation_match_what_allocate_takes():
+    """``new_blocks_needed`` / ``free_blocks_needed`` (the KVManager protocol's counts, which the
+    decode span relies on) against the blocks each group's pool actually gives up."""
+    kv = HybridKVManager(_plan(256, 256))
+    rng = random.Random(5)
+    shared = [rng.randrange(1, 50) for _ in range(24)]
+    hits = 0
+    for i in range(30):
+        tokens = shared[: rng.randrange(0, 25)] + [rng.randrange(1, 50) for _ in range(rng.randrange(2, 16))]
+        r = Request(f"r{i}", tokens, SamplingParams())
+        prefix = kv.match_prefix(r)
+        hits += prefix.num_tokens
+        n = r.num_tokens - prefix.num_tokens
+        expect = kv.free_blocks_needed(r, n, prefix)
+        before = [g.pool.num_free_blocks for g in kv.groups]
+        assert kv.allocate(r, n, prefix=prefix) is not None
+        assert expect == max(b - g.pool.num_free_blocks for b, g in zip(before, kv.groups, strict=True))
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_computed(r)
+        for _ in range(rng.randrange(1, 12)):  # decode: one token at a time
+            r.output_token_ids.append(rng.randrange(1, 50))
+            expect = kv.new_blocks_needed(r, 1)
+            before = [g.pool.num_free_blocks for g in kv.groups]
+            kv._release_slid_out(kv._requests[r.request_id], r.num_computed_tokens)
+            released = [g.pool.num_free_blocks - b for b, g in zip(before, kv.groups, strict=True)]
+            before = [g.pool.num_free_blocks for g in kv.groups]
+            assert kv.allocate(r, 1) is not None
+            taken = [b - g.pool.num_free_blocks for b, g in zip(before, kv.groups, strict=True)]
+            assert expect == max(taken), (released, taken)
+            r.num_computed_tokens += 1
+            kv.cache_computed(r)
+        kv.check_integrity()
+        if i % 3:  # a third stay: later requests hit their blocks (and revive the freed ones')
+            kv.free(r.request_id)
+    assert hits > 0
+
+
+def test_stats_sum_every_group():
+    kv = HybridKVManager(_plan(32, 32))
+    r = Request("a", list(range(1, 30)), SamplingParams())
+    kv.allocate(r, r.num_tokens)
+    r.num_computed_tokens = r.num_tokens
+    kv.cache_computed(r)
+    s = kv.stats()
+    assert s.num_cached_blocks == sum(g.pool.num_cached_blocks for g in kv.groups) > 0
+    assert s.num_blocks == kv.num_blocks and s.usage == kv.usage and s.host is None

@@ -1,4 +1,4 @@
-"""KVManager unit tests and a randomized workload with a content oracle.
+"""PagedKVManager (the single-pool KV manager) unit tests and a randomized workload with a content oracle.
 
 The oracle keeps what each physical block would hold (token id per slot) and checks that every
 prefix-cache hit hands a request blocks whose contents are exactly its own tokens.
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.kv.manager import PagedKVManager
 from chatfleet.engine.kv.prefix_cache import MatchResult
 from chatfleet.engine.request import Request, SamplingParams
 
@@ -20,7 +20,7 @@ def _req(rid, tokens, **kw):
                    cache_salt=kw.get("salt"))
 
 
-def _compute(kv: KVManager, req: Request, n: int, prefix: MatchResult | None = None):
+def _compute(kv: PagedKVManager, req: Request, n: int, prefix: MatchResult | None = None):
     got = kv.allocate(req, n, prefix=prefix)
     if got is None:
         return None
@@ -32,7 +32,7 @@ def _compute(kv: KVManager, req: Request, n: int, prefix: MatchResult | None = N
 
 
 def test_allocate_grows_block_table_as_tokens_grow():
-    kv = KVManager(8, BS)
+    kv = PagedKVManager(8, BS)
     r = _req("a", range(6))
     got = _compute(kv, r, 6, kv.match_prefix(r))
     assert got.num_new_blocks == 2 and kv.num_blocks_of("a") == 2
@@ -50,7 +50,7 @@ def test_allocate_grows_block_table_as_tokens_grow():
 
 
 def test_prefix_hit_shares_blocks_and_leaves_last_token():
-    kv = KVManager(16, BS)
+    kv = PagedKVManager(16, BS)
     a = _req("a", range(8))
     _compute(kv, a, 8, kv.match_prefix(a))
     b = _req("b", range(8))
@@ -65,11 +65,11 @@ def test_prefix_hit_shares_blocks_and_leaves_last_token():
 
 
 def test_prompt_logprobs_and_disabled_cache_skip_reuse():
-    kv = KVManager(16, BS)
+    kv = PagedKVManager(16, BS)
     a = _req("a", range(9))
     _compute(kv, a, 9, kv.match_prefix(a))
     assert kv.match_prefix(_req("b", range(9), prompt_logprobs=1)).device_tokens == 0
-    off = KVManager(16, BS, enable_prefix_caching=False)
+    off = PagedKVManager(16, BS, enable_prefix_caching=False)
     a2 = _req("a", range(9))
     _compute(off, a2, 9, off.match_prefix(a2))
     assert off.match_prefix(_req("b", range(9))).device_tokens == 0
@@ -77,7 +77,7 @@ def test_prompt_logprobs_and_disabled_cache_skip_reuse():
 
 
 def test_allocate_returns_none_when_full_and_changes_nothing():
-    kv = KVManager(2, BS)
+    kv = PagedKVManager(2, BS)
     a = _req("a", range(8))
     assert _compute(kv, a, 8, kv.match_prefix(a)) is not None
     b = _req("b", range(50, 54))
@@ -87,7 +87,7 @@ def test_allocate_returns_none_when_full_and_changes_nothing():
 
 
 def test_reset_prefix_cache():
-    kv = KVManager(8, BS)
+    kv = PagedKVManager(8, BS)
     a = _req("a", range(8))
     _compute(kv, a, 8, kv.match_prefix(a))
     assert kv.reset_prefix_cache() is False
@@ -110,7 +110,7 @@ ops = st.lists(
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, num_blocks=st.integers(1, 16))
 def test_randomized_workload_keeps_integrity_and_contents(ops, num_blocks):
-    kv = KVManager(num_blocks, BS)
+    kv = PagedKVManager(num_blocks, BS)
     contents: dict[int, list] = {}  # block id -> token per slot (None: never written)
     live: dict[str, Request] = {}
     counter = 0
@@ -169,7 +169,7 @@ def test_randomized_workload_keeps_integrity_and_contents(ops, num_blocks):
 
 
 def test_free_unknown_request_is_noop():
-    kv = KVManager(2, BS)
+    kv = PagedKVManager(2, BS)
     kv.free("nope")
     kv.check_integrity()
     with pytest.raises(Exception):
@@ -182,7 +182,7 @@ def test_a_waiting_request_is_hashed_once_not_every_step(monkeypatch):
     calls = []
     real = block.hash_block
     monkeypatch.setattr(block, "hash_block", lambda *a, **k: calls.append(1) or real(*a, **k))
-    kv = KVManager(16, BS)
+    kv = PagedKVManager(16, BS)
     r = _req("a", range(41))
     for _ in range(5):  # a request waiting for memory is matched every step
         kv.match_prefix(r)

@@ -68,9 +68,9 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue] = {}
         self.dead_error: BaseException | None = None
-        # queue-time observer, called on the engine thread with first_scheduled - arrival (s)
+        # queue-time observer, called on the engine thread once per request with first_scheduled -
+        # arrival (s), when its first output arrives (``RequestOutput.queue_time``)
         self.on_first_scheduled: Callable[[float], None] | None = None
-        self._unscheduled: dict[str, Any] = {}  # engine thread only: Request objects not yet scheduled
 
     # ------------------------------------------------------------ engine facts
 
@@ -161,7 +161,9 @@ class AsyncEngine:
                 if item.finished:
                     finished = True
                     if item.finish_reason == "error":
-                        raise RequestFailedError(f"request {request_id} failed in the engine; the server log has the cause")
+                        raise RequestFailedError(
+                            f"request {request_id} failed in the engine; the server log has the cause"
+                        )
                 yield item
                 if finished:
                     return
@@ -223,9 +225,10 @@ class AsyncEngine:
                 if engine.has_unfinished_requests():
                     checked_idle = False
                     outputs = engine.step()
-                    if self._unscheduled:
-                        self._report_scheduled()
+                    if self.on_first_scheduled is not None:
+                        self._report_queue_times(outputs)
                     if outputs:
+                        assert self._loop is not None  # set by start(), before the thread
                         self._loop.call_soon_threadsafe(self._dispatch, outputs)
                 elif self.check_integrity_when_idle and not checked_idle:
                     engine.check_integrity()
@@ -254,11 +257,6 @@ class AsyncEngine:
                     session_id=cmd.session_id,
                 )
                 result = None
-                get_request = getattr(self.engine, "get_request", None)
-                if self.on_first_scheduled is not None and get_request is not None:
-                    request = get_request(cmd.request_id)
-                    if request is not None:
-                        self._unscheduled[cmd.request_id] = request
             else:
                 result = cmd.fn(self.engine)
         except ChatfleetError as exc:
@@ -269,13 +267,12 @@ class AsyncEngine:
         else:
             cmd.future.set_result(result)
 
-    def _report_scheduled(self) -> None:
-        for rid, request in list(self._unscheduled.items()):
-            scheduled = getattr(request, "first_scheduled_time", None)
-            if scheduled is not None:
-                self.on_first_scheduled(scheduled - request.arrival_time)
-            if scheduled is not None or request.is_finished:
-                del self._unscheduled[rid]
+    def _report_queue_times(self, outputs: list[RequestOutput]) -> None:
+        observe = self.on_first_scheduled
+        assert observe is not None
+        for out in outputs:
+            if out.queue_time is not None:
+                observe(out.queue_time)
 
     def _fail_inbox(self, err: BaseException) -> None:
         with self._cond:

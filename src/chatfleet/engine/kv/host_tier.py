@@ -73,7 +73,7 @@ class HostTier:
         The caller pins ``host_blocks`` with ``pin`` before allocating the device blocks (an
         allocation may demote, and a demotion may evict an unpinned host block).
         """
-        for host, device in zip(host_blocks, device_blocks):
+        for host, device in zip(host_blocks, device_blocks, strict=False):
             self._loads.append((device.block_id, host.block_id))
             device.num_uses = max(device.num_uses, host.num_uses)
             device.num_sessions = max(device.num_sessions, host.num_sessions)
@@ -88,10 +88,10 @@ class HostTier:
         absent). Their host blocks stay pinned until ``finish_transfers``."""
         out = []
         if self._stores:
-            d, h = zip(*self._stores)
+            d, h = zip(*self._stores, strict=False)
             out.append(KVTransfer(TransferDirection.STORE, d, h))
         if self._loads:
-            d, h = zip(*self._loads)
+            d, h = zip(*self._loads, strict=False)
             out.append(KVTransfer(TransferDirection.LOAD, d, h))
         self._stores, self._loads = [], []
         return out

@@ -4,8 +4,8 @@ Each layer group (``kv/spec.py``) gets a block pool of its own, sized by the poo
 between groups is tunable: ``--sliding-memory-fraction``, or ``KVCacheSpec.default_fractions``),
 and each request a block table per group. Block hashes are the same in every group (same token
 chain, same block size); a group's pool indexes the blocks *it* holds. The interface is
-``KVManager``'s, so the scheduler does not know how many groups there are; per-group tables reach
-the runner through ``group_block_ids``.
+``KVManager``'s (``kv/base.py``), so the scheduler does not know how many groups there are;
+per-group tables reach the runner through ``group_block_ids``.
 
 - Full-attention groups keep every block of a running request.
 - A sliding-window group keeps only the blocks a request's next queries can see: before a
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chatfleet.engine.kv.base import KVBlocks, KVStats
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
 from chatfleet.engine.kv.block_pool import BlockPool
-from chatfleet.engine.kv.manager import KVBlocks
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.engine.kv.prefix_cache import NO_MATCH, MatchResult, PrefixCache
 from chatfleet.engine.kv.spec import LayerGroupSpec, PoolPlan
@@ -70,21 +70,6 @@ class _Group:
         return max(0, position - self.window + 1) // self.spec.block_size
 
 
-class _PoolsView:
-    """Counts summed over every group's pool (what ``EngineStats`` reads from ``kv.pool``)."""
-
-    def __init__(self, groups: Sequence[_Group]) -> None:
-        self._groups = groups
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return sum(g.pool.num_cached_blocks for g in self._groups)
-
-    @property
-    def num_evictions(self) -> int:
-        return sum(g.pool.num_evictions for g in self._groups)
-
-
 class HybridKVManager:
     def __init__(
         self,
@@ -107,9 +92,6 @@ class HybridKVManager:
         self.keep_slid_out_blocks = keep_slid_out_blocks
         # Counting (queries/hits) and the enabled flag; lookups go to each group's pool.
         self.prefix_cache = PrefixCache(self._primary.pool, self.block_size, enabled=enable_prefix_caching)
-        self.pool = _PoolsView(self.groups)
-        self.host = None
-        self.host_pool = None
         self._requests: dict[str, list[_GroupTable]] = {}
 
     # ---- sizes ---------------------------------------------------------------------------------
@@ -128,6 +110,20 @@ class HybridKVManager:
         used = sum(g.pool.num_used_blocks * g.spec.bytes_per_block for g in self.groups)
         total = sum(g.pool.num_blocks * g.spec.bytes_per_block for g in self.groups)
         return used / total
+
+    @property
+    def has_host_tier(self) -> bool:
+        return False
+
+    def stats(self) -> KVStats:
+        """Counts summed over every group's pool; ``num_blocks`` is the primary group's."""
+        pc = self.prefix_cache
+        return KVStats(
+            num_blocks=self.num_blocks, block_size=self.block_size, usage=self.usage,
+            num_cached_blocks=sum(g.pool.num_cached_blocks for g in self.groups),
+            num_evictions=sum(g.pool.num_evictions for g in self.groups),
+            prefix_cache_queries=pc.queries, prefix_cache_hits=pc.hits,
+        )
 
     def min_blocks(self, max_batched_tokens: int) -> dict[str, int]:
         """Blocks each sliding group needs so that one request can always run alone: a chunk of
@@ -219,7 +215,7 @@ class HybridKVManager:
         if prefix is not None and self.uses_prefix_cache(request):
             self.prefix_cache.record(request.num_tokens, hit.num_tokens if hit is not None else 0)
         added: list[int] = []
-        for i, (g, table, (hits, num_new)) in enumerate(zip(self.groups, tables, plans)):
+        for i, (g, table, (hits, num_new)) in enumerate(zip(self.groups, tables, plans, strict=True)):
             if hit is not None:
                 g.pool.touch(hits, session)
                 table.blocks.extend(hit.group_blocks[i])
@@ -232,9 +228,36 @@ class HybridKVManager:
                 added = [b.block_id for b in hits + new]
         return KVBlocks(added, len(plans[self.groups.index(self._primary)][0]))
 
+    def new_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """The most new blocks ``allocate(request, num_new_tokens)`` takes from any one group's
+        pool, for a request holding KV (blocks it releases from a window first are not counted)."""
+        tables = self._requests.get(request.request_id)
+        start = request.num_computed_tokens
+        end_block = -(-(start + num_new_tokens) // self.block_size)
+        most = 0
+        for i, g in enumerate(self.groups):
+            held = len(tables[i].blocks) if tables is not None else 0
+            most = max(most, end_block - max(held, g.first_needed(start)))
+        return most
+
+    def free_blocks_needed(self, request: Request, num_new_tokens: int, prefix: MatchResult) -> int:
+        """The most free blocks ``allocate(request, num_new_tokens, prefix=prefix)`` takes from any
+        one group's pool for a request without KV (new blocks plus revived cached hits)."""
+        hit = prefix if isinstance(prefix, HybridMatch) and prefix.num_tokens else None
+        start = request.num_computed_tokens + (hit.num_tokens if hit is not None else 0)
+        end_block = -(-(start + num_new_tokens) // self.block_size)
+        most = 0
+        for i, g in enumerate(self.groups):
+            held, revived = 0, 0
+            if hit is not None:
+                held = len(hit.group_blocks[i])
+                revived = sum(1 for b in hit.group_blocks[i] if b is not None and b.ref_cnt == 0)
+            most = max(most, max(0, end_block - max(held, g.first_needed(start))) + revived)
+        return most
+
     def _release_slid_out(self, tables: list[_GroupTable], position: int) -> None:
         """Release each sliding group's blocks that no query at ``position`` or later can see."""
-        for g, table in zip(self.groups, tables):
+        for g, table in zip(self.groups, tables, strict=True):
             if g.window is None:
                 continue
             first = min(g.first_needed(position), len(table.blocks))
@@ -260,7 +283,7 @@ class HybridKVManager:
             return
         num_full = request.num_computed_tokens // self.block_size
         hashes: list[BlockHash] | None = None
-        for g, table in zip(self.groups, tables):
+        for g, table in zip(self.groups, tables, strict=True):
             end = min(num_full, len(table.blocks))
             if end <= table.num_cached_blocks:
                 continue
@@ -276,7 +299,7 @@ class HybridKVManager:
         tables = self._requests.pop(request_id, None)
         if tables is None:
             return
-        for g, table in zip(self.groups, tables):
+        for g, table in zip(self.groups, tables, strict=True):
             self._free_blocks(g, [b for b in table.blocks[::-1] if b is not None])
 
     # ---- tiers (none) --------------------------------------------------------------------------
@@ -296,7 +319,7 @@ class HybridKVManager:
         if tables is None:
             return {}
         return {g.spec.name: [b.block_id if b is not None else HOLE for b in t.blocks]
-                for g, t in zip(self.groups, tables)}
+                for g, t in zip(self.groups, tables, strict=True)}
 
     def num_blocks_of(self, request_id: str) -> int:
         tables = self._requests.get(request_id)

@@ -1,4 +1,5 @@
-"""The KV manager: each request's block table, allocation as tokens grow, prefix reuse, tiers.
+"""The single-pool KV manager (``PagedKVManager``, a ``KVManager``: ``kv/base.py``): each
+request's block table, allocation as tokens grow, prefix reuse, an optional host tier.
 
 ``allocate(request, n)`` makes room for ``n`` more tokens after ``request.num_computed_tokens``
 and returns the blocks it added, or None ("not now": the scheduler waits or preempts). Blocks of
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from chatfleet.engine.kv.base import KVBlocks, KVStats
 from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
 from chatfleet.engine.kv.block_pool import BlockPool, Eviction
 from chatfleet.engine.kv.host_tier import HostTier
@@ -28,20 +30,7 @@ from chatfleet.engine.outputs import KVTransfer
 from chatfleet.engine.request import Request
 from chatfleet.errors import KVIntegrityError
 
-
-@dataclass(frozen=True)
-class KVBlocks:
-    """Blocks added to a request by one ``allocate`` call: prefix hits first, then new ones
-    (the first ``num_loaded_blocks`` of the new ones are filled from the host tier)."""
-
-    block_ids: list[int]
-    num_hit_blocks: int = 0
-    num_loaded_blocks: int = 0
-
-    @property
-    def num_new_blocks(self) -> int:
-        return len(self.block_ids) - self.num_hit_blocks
-
+__all__ = ["KVBlocks", "PagedKVManager"]
 
 _block_hash = attrgetter("block_hash")
 _ref_cnt = attrgetter("ref_cnt")
@@ -62,7 +51,9 @@ class _RequestKV:
     num_cached_blocks: int = 0  # leading blocks already registered in (or found in) the cache
 
 
-class KVManager:
+class PagedKVManager:
+    """One device block pool (and a host pool behind it) shared by every layer: one table per request."""
+
     def __init__(
         self,
         num_blocks: int,
@@ -101,6 +92,35 @@ class KVManager:
     @property
     def host_pool(self) -> BlockPool | None:
         return self.host.pool if self.host is not None else None
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host is not None
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now: empty ones, then evictable cached ones."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_empty_blocks(self) -> int:
+        """Free blocks holding no cached contents (taking them evicts nothing)."""
+        return self.pool.num_empty_blocks
+
+    def next_evicted(self, n: int) -> list[KVBlock] | None:
+        """The cached blocks the next ``n`` evictions would take, in order (None where the
+        eviction policy cannot tell)."""
+        return self.pool.next_evicted(n)
+
+    def stats(self) -> KVStats:
+        pc, host = self.prefix_cache, self.host
+        return KVStats(
+            num_blocks=self.num_blocks, block_size=self.block_size, usage=self.pool.usage,
+            num_cached_blocks=self.pool.num_cached_blocks, num_evictions=self.pool.num_evictions,
+            prefix_cache_queries=pc.queries, prefix_cache_hits=pc.hits,
+            host=host.stats() if host is not None else None,
+            host_cache_queries=pc.host_queries, host_cache_hits=pc.host_hits,
+        )
 
     def uses_prefix_cache(self, request: Request) -> bool:
         return self.prefix_cache.enabled and request.sampling_params.prompt_logprobs is None
@@ -195,7 +215,7 @@ class KVManager:
         return max(-(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - held, 0)
 
     def free_blocks_needed(self, request: Request, num_new_tokens: int, prefix: MatchResult) -> int:
-        """Free-list blocks ``allocate(request, num_new_tokens, prefix=prefix)`` would take for a
+        """Free blocks ``allocate(request, num_new_tokens, prefix=prefix)`` would take for a
         request without KV (new blocks plus revived cached hits); it returns None when the pool
         has fewer free blocks than this."""
         hit_blocks = prefix.blocks

@@ -5,7 +5,8 @@ context back from those slots and hashes it. A wrong block table, a prefix hit w
 contents or a block reused while still in use therefore changes the output, so greedy
 equivalence tests catch KV bugs without torch. Reading a slot that holds the wrong position
 raises at once. A host tier is a second slot array: KV transfers copy whole blocks between the
-two (stores before loads), so a wrong transfer shows in the contents as well. An optional cost model advances a virtual clock (for capacity planning).
+two (stores before loads), so a wrong transfer shows in the contents as well. An optional cost
+model advances a virtual clock (for capacity planning).
 
 ``check_contents=False`` is the planner's fast mode: no slot arrays, no context read-back; a
 sampled token is a hash of (request id, position), so outputs stay deterministic and the plans
@@ -134,7 +135,7 @@ class SimRunner:
             self._bases.pop(rid, None)
 
     def note_steps(self, costs: list[float]) -> None:
-        """Steps run without ``execute`` (``plan/decode_span.py``), each charged its cost."""
+        """Steps run without ``execute`` (``engine/decode_span.py``), each charged its cost."""
         self.num_steps += len(costs)
         for c in costs:
             self.virtual_time += c

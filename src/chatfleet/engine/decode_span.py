@@ -1,15 +1,17 @@
-"""Plain engine steps run by the planner itself, one at a time, with exactly the engine's effects.
+"""Plain engine steps run many at once (the planner's fast path), with exactly ``step()``'s effects.
 
 Most steps of a chat workload are alike: every running request computes one token and nothing
 waits. The plan of such a step is known without asking the scheduler (a one-token chunk per
-running request, in the running order), so a ``DecodeSpan`` runs it directly, in the engine's
-own order of effects: the step's allocations (``KVManager.allocate``, running order), then per
-request in that order its filled block's registration (``KVManager.cache_computed``) and, for a
-request that reaches its length, the engine's own ``check_stop``, output processor and counters.
-Everything else (tokens on the requests, the engine's and runner's counters) is written only at
-``commit``, so a step costs O(1) plus the few requests that fill a block or finish in it.
+running request, in the running order), so a ``DecodeSpan`` (``Engine.open_decode_span``) runs
+it directly beside the scheduler, in ``schedule``/``update``'s own order of effects: the step's
+allocations (``KVManager.allocate``, running order), then per request in that order its filled
+block's registration (``KVManager.cache_computed``) and, for a request that reaches its length,
+the scheduler's own ``sampled_update`` (append, stop check), the output processor and the
+engine's output counts. Everything else (tokens on the requests, the engine's and runner's
+counters) is written only at ``commit``, so a step costs O(1) plus the few requests that fill a
+block or finish in it.
 
-A span stays open across steps: its owner calls ``step`` once per engine step, each at the
+A span stays open across steps: its owner (``plan/sim_replica.py``) calls ``step`` once per engine step, each at the
 step's own time on the event loop (other coroutines and replicas run in between exactly as
 before), checking ``still_plain()`` first (nothing added, aborted or waiting that it cannot
 admit), and ``commit``s before anything else reads the requests (the scheduler's next real step).
@@ -17,7 +19,7 @@ A span starts only where the scheduler itself would plan exactly that step: ever
 request a lane (one token behind) or, where the owner says all its requests are plain, mid-prefill;
 all with a forced length, no logprobs, penalties or stop strings. A step is refused (None) where
 its blocks are not there (the engine would preempt): without a host tier a block may come from
-evicting a cached one (``KVManager.allocate`` does it, at the step's time); with one, only from
+evicting a cached one (``allocate`` does it, at the step's time); with one, only from
 the empty list (an eviction would be a transfer in the plan).
 
 Prefills run inside the span's steps too (without a host tier, plain requests only), in
@@ -33,7 +35,8 @@ nothing per step. Lanes that finished are dropped as others join: a span may las
 
 The step costs are the cost model's own: its O(1) ``decode_cost`` (``batch_cost`` with prefill
 chunks) when it has one, else ``charge(plan)`` on the plan built here (tests compare those plans
-with the engine's).
+with the engine's, ``tests/engine/test_decode_span.py``). A span runs only over the single-pool
+KV manager (``PagedKVManager``) and a ``SimRunner`` in fast mode.
 """
 
 from __future__ import annotations
@@ -41,13 +44,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from chatfleet.engine.engine import Engine
-from chatfleet.engine.kv.manager import KVManager
+from chatfleet.engine.kv.base import KVManager
+from chatfleet.engine.kv.manager import PagedKVManager
+from chatfleet.engine.output_processor import OutputProcessor
 from chatfleet.engine.outputs import RequestOutput, ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import Request, RequestStatus
+from chatfleet.engine.runner.base import Runner
 from chatfleet.engine.runner.sim_runner import SimRunner
-from chatfleet.engine.scheduler import RequestUpdate
+from chatfleet.engine.scheduler import Scheduler
+from chatfleet.engine.scheduling_policy import FCFSPolicy
+from chatfleet.engine.stats import OutputCounts
 
+__all__ = ["BatchCost", "DecodeCost", "DecodeSpan", "Finish", "Lane"]
+
+DecodeCost = Callable[[int, int], "float | None"]  # StepCostModel.decode_cost: (decodes, sum of positions)
 BatchCost = Callable[[int, int, Sequence[tuple[int, int]]], "float | None"]  # StepCostModel.batch_cost
 
 
@@ -81,25 +91,28 @@ class Finish:
 
 
 class DecodeSpan:
-    """``open`` (None where the next step is not a plain decode step), then per engine step:
-    ``still_plain()`` and ``step()`` (its cost, or None: not plain); ``commit`` at the end."""
+    """``Engine.open_decode_span`` (None where the next step is not a plain decode step), then per
+    engine step: ``still_plain()`` and ``step()`` (its cost, or None: not plain); ``commit`` at
+    the end. It counts its outputs in the engine's ``OutputCounts`` and its steps on the runner."""
 
-    def __init__(self, engine: Engine, runner: SimRunner, lanes: list[Lane],
-                 decode_cost: Callable[[int, int], float | None] | None,
-                 charge: Callable[[SchedulerOutput], float] | None,
+    def __init__(self, scheduler: Scheduler, kv: PagedKVManager, runner: SimRunner,
+                 output_processor: OutputProcessor, counts: OutputCounts, lanes: list[Lane],
+                 decode_cost: DecodeCost | None, charge: Callable[[SchedulerOutput], float] | None,
                  batch_cost: BatchCost | None = None, admits: bool = False,
                  prefilling: list[Request] | None = None) -> None:
-        self.engine, self.runner, self.lanes = engine, runner, lanes  # dead ones dropped as lanes join
+        self.runner, self.lanes = runner, lanes  # dead ones dropped as lanes join
         self._next_index = len(lanes)  # a joining lane's place in the running order (a sort key)
         self._prefilling = prefilling or []  # running requests mid-prefill (running order): chunks of their own
-        self.scheduler = engine.scheduler
-        self.kv = engine.kv
-        self.block_size = self.kv.block_size
+        self.scheduler = scheduler
+        self.kv = kv
+        self._output_processor = output_processor
+        self._counts = counts
+        self.block_size = kv.block_size
         self._decode_cost = decode_cost
         self._batch_cost = batch_cost
         self._charge = charge  # builds plans (tests' on_plan, cost models without decode_cost)
-        self._evicts = self.kv.host is None  # an eviction without a host tier is no transfer
-        self._tests_head = _tests_head(engine)  # may skip admission while requests wait (``_head_blocked``)
+        self._evicts = not kv.has_host_tier  # an eviction without a host tier is no transfer
+        self._tests_head = _tests_head(scheduler, kv)  # may skip admission while requests wait (``_head_blocked``)
         self._admits = admits and self._evicts  # runs the scheduler's admission in its steps
         self._plain = True  # False once a step leaves a request the next step cannot run as a lane
         self.costs: list[float] = []
@@ -127,18 +140,19 @@ class DecodeSpan:
             self._events.setdefault(lane.finish_step, []).append(lane)
 
     @classmethod
-    def open(cls, engine: Engine, runner: SimRunner, decode_cost: Callable[[int, int], float | None] | None,
-             charge: Callable[[SchedulerOutput], float] | None, batch_cost: BatchCost | None = None,
-             admits: bool = False) -> DecodeSpan | None:
+    def open(cls, scheduler: Scheduler, kv: KVManager, runner: Runner, output_processor: OutputProcessor,
+             counts: OutputCounts, decode_cost: DecodeCost | None, charge: Callable[[SchedulerOutput], float] | None,
+             batch_cost: BatchCost | None = None, admits: bool = False) -> DecodeSpan | None:
         """A span from the scheduler's state now (nothing changed), or None where its next step
         is not a plain decode step. ``admits``: the caller's requests are all plain (forced
         length, no logprobs, penalties or stop strings), so the span's steps may admit them."""
-        s = engine.scheduler
+        s = scheduler
         running = s.running
-        admits = admits and engine.kv.host is None
-        if (not running or type(engine.kv) is not KVManager or runner.check_contents
-                or len(running) > s.config.max_batched_tokens
-                or (len(s.waiting) and not admits and not _tests_head(engine))):
+        if (not running or type(kv) is not PagedKVManager or not isinstance(runner, SimRunner)
+                or runner.check_contents or len(running) > s.config.max_batched_tokens):
+            return None
+        admits = admits and not kv.has_host_tier
+        if len(s.waiting) and not admits and not _tests_head(s, kv):
             return None
         lanes: list[Lane] = []
         prefilling: list[Request] = []
@@ -150,7 +164,8 @@ class DecodeSpan:
                 prefilling.append(r)
             else:
                 return None
-        return cls(engine, runner, lanes, decode_cost, charge, batch_cost, admits, prefilling)
+        return cls(s, kv, runner, output_processor, counts, lanes, decode_cost, charge, batch_cost, admits,
+                   prefilling)
 
     @property
     def num_steps(self) -> int:
@@ -186,8 +201,7 @@ class DecodeSpan:
             continuing.append((r, k))
             budget -= k
         if needed:
-            pool = kv.pool
-            if needed > (pool.num_free_blocks if self._evicts else pool.num_empty_blocks):
+            if needed > (kv.num_free_blocks if self._evicts else kv.num_empty_blocks):
                 return None  # the engine would preempt (or, with a host tier, may transfer)
         admitting = False
         if len(s.waiting) and not (self._tests_head and self._head_blocked(needed, budget)):
@@ -303,19 +317,22 @@ class DecodeSpan:
         cfg = s.config
         if budget <= 0 or len(s.running) >= cfg.max_running:
             return True
-        head = s.waiting.peek()
-        pool = kv.pool
-        if -(-head.num_tokens // kv.block_size) <= pool.num_free_blocks - num_allocated:
+        waiting = s.waiting
+        assert isinstance(waiting, FCFSPolicy)  # ``_tests_head``
+        head = waiting.peek()
+        assert head is not None  # called while requests wait
+        num_free = kv.num_free_blocks
+        if -(-head.num_tokens // kv.block_size) <= num_free - num_allocated:
             return False  # fits even without a prefix hit: no need to match it
         prefix = kv.match_prefix(head)
         n = head.num_tokens - prefix.num_tokens
         if n > budget and not cfg.enable_chunked_prefill and budget < cfg.max_batched_tokens:
             return True
-        if kv.free_blocks_needed(head, min(n, budget), prefix) <= pool.num_free_blocks - num_allocated:
+        if kv.free_blocks_needed(head, min(n, budget), prefix) <= num_free - num_allocated:
             return False
-        evictions = num_allocated - pool.num_empty_blocks
+        evictions = num_allocated - kv.num_empty_blocks
         if evictions > 0 and prefix.blocks:
-            victims = pool.next_evicted(evictions)
+            victims = kv.next_evicted(evictions)
             if victims is None:
                 return False
             matched = {id(b) for b in prefix.blocks}
@@ -337,20 +354,18 @@ class DecodeSpan:
         lane.alive = False
         self._num_alive -= 1
         self._sum_positions -= lane.start + j + 1
-        self._generated -= 1  # counted by note_outputs
+        self._generated -= 1  # counted with its output (``_sampled``)
         self._unreported += 1
         self._running = list(self.scheduler.running)
         self.finished.append(Finish(lane, j, output))
 
     def _sampled(self, r: Request, token: int) -> RequestOutput:
-        """The engine's update of a sampled token: append it, check the stop, process the output
-        (a span has no stop strings) and count it."""
-        r.output_token_ids.append(token)
-        stop_reason = self.scheduler.check_stop(r, token)
-        processed = self.engine.output_processor.process([RequestUpdate(r, [token], None, None, False, stop_reason)])
+        """The engine's update of a sampled token: the scheduler's ``sampled_update`` (append it,
+        check the stop), the output processed (a span has no stop strings) and counted."""
+        processed = self._output_processor.process([self.scheduler.sampled_update(r, token)])
         if processed.stopped or len(processed.outputs) != 1:
             raise AssertionError("decode span: a stop string in a span")
-        self.engine.note_outputs(processed.outputs)
+        self._counts.count(processed.outputs)
         return processed.outputs[0]
 
     def tokens(self, lane: Lane, a: int, b: int) -> list[int]:
@@ -395,17 +410,17 @@ class DecodeSpan:
         for lane in self.lanes:
             if lane.alive:
                 self._sync(lane, n, lane.start + n)
-        self.engine.count_generated(self._generated - self._counted_tokens)
+        self._counts.generation_tokens += self._generated - self._counted_tokens
         self._counted_tokens = self._generated
         self.runner.note_steps(self.costs[self._counted_steps:])
         self._counted_steps = n
 
 
-def _tests_head(engine: Engine) -> bool:
+def _tests_head(scheduler: Scheduler, kv: KVManager) -> bool:
     """Whether a span can tell that waiting requests stay waiting: head-of-line FCFS admission,
     and a device pool alone (no host tier: its hits and demotions are transfers)."""
-    waiting = engine.scheduler.waiting
-    return getattr(waiting, "name", None) == "fcfs" and waiting.head_of_line and engine.kv.host is None
+    waiting = scheduler.waiting
+    return getattr(waiting, "name", None) == "fcfs" and waiting.head_of_line and not kv.has_host_tier
 
 
 def _plain(r: Request) -> bool:
