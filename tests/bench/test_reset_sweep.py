@@ -10,7 +10,7 @@ from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, render_html, result_document, sweep_to_dict
 from chatfleet.bench.server_ops import ResetError, ServerControl, parse_metrics
 from chatfleet.bench.slo import parse_slo
-from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
+from chatfleet.bench.sweep import Bench, RunProtocol, SweepResult, SweepSpec, sweep
 from chatfleet.bench.tokens import EstimateCounter
 from chatfleet.bench.workload import Workload, get_profile
 from chatfleet.errors import ConfigError
@@ -93,3 +93,42 @@ def test_load_result_rejects_foreign_json(tmp_path):
     p.write_text('{"a": 1}')
     with pytest.raises(ConfigError, match="not a chatfleet bench result"):
         load_result(p)
+
+
+def run_point_at(url, slo, level, **kw):
+    proto = RunProtocol(url, LoadSpec("concurrency", 1, duration_s=0.4, warmup_s=0.0, drain_timeout_s=10),
+                        parse_slo(slo), base_seed=5, confidence=0.95, **kw)
+
+    async def go():
+        b = Bench(proto, ClientConfig("scripted"), lambda seed: Workload(get_profile("cpu-roleplay"), seed,
+                                                                        EstimateCounter()))
+        try:
+            return await b.run_point(level)
+        finally:
+            await b.close()
+
+    return asyncio.run(go())
+
+
+def test_an_undecided_point_is_extended_up_to_its_bound_and_never_called(scripted):
+    # A fast server, but a p99 over a few dozen requests cannot be bounded above (368 are needed).
+    url = scripted("--ttft-ms", "2", "--itl-ms", "1")
+    point = run_point_at(url, "ttft_p99<=1s", 2, extend_up_to=3)
+    assert point.verdict == "undecided" and not point.passed
+    assert [r.extension for r in point.runs] == [False, True, True]
+    iv = point.judged.intervals["ttft_p99"]
+    assert iv.n == sum(r.summary.requests for r in point.runs) < 368 and iv.high == float("inf")
+    d = point.to_dict(with_records=False)
+    assert d["verdict"] == "undecided" and d["confidence"]["intervals"]["ttft_p99"]["n"] == iv.n
+    res = SweepResult("concurrency", "ttft_p99<=1s", [point], None, True)
+    assert res.undecided == [2]
+    page = render_html(json.loads(json.dumps(result_document("sweep", {}, {"s": sweep_to_dict(res)}))))
+    assert "undecided" in page and "368" in page
+
+
+def test_a_clear_point_decides_at_once(scripted):
+    url = scripted("--ttft-ms", "2", "--itl-ms", "1")
+    point = run_point_at(url, "itl_p50<=50ms", 2, extend_up_to=3)
+    assert point.verdict == "pass" and point.passed and len(point.runs) == 1
+    broken = run_point_at(url, "itl_p50<=0.1ms", 2, extend_up_to=3)
+    assert broken.verdict == "fail" and len(broken.runs) == 1

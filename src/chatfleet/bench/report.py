@@ -4,16 +4,18 @@ clocks). Plots compare several series (e.g. the demo's stock and tuned engines).
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
+import math
 import time
 from pathlib import Path
 
 from chatfleet.bench.knee import knee_spread
-from chatfleet.bench.report_breakdown import figure as breakdown_figure
+from chatfleet.bench.point_verdict import why_undecided
+from chatfleet.bench.quantile_ci import StatInterval
 from chatfleet.bench.report_breakdown import tables_html as breakdown_tables
+from chatfleet.bench.report_plots import plots
+from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import SweepResult
 from chatfleet.errors import ConfigError
 
@@ -50,108 +52,68 @@ def load_result(path: str | Path) -> dict:
     return doc
 
 
-# -- plots -------------------------------------------------------------------------------
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+def _seconds(v: float) -> str:
+    if v != v:
+        return "-"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v * 1e3:.0f} ms" if abs(v) < 1 else f"{v:.2f} s"
 
 
-def _point_stat(point: dict, metric: str, stat: str) -> float:
-    vals = [r["summary"]["latency"][metric][stat] for r in point["runs"] if not r["throttled"]] or \
-           [r["summary"]["latency"][metric][stat] for r in point["runs"]]
-    finite = [v for v in vals if v is not None and v == v and v != float("inf")]
-    return sum(finite) / len(finite) if finite else float("nan")
-
-
-def plots(series: dict[str, dict]) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = {}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (name, sw) in enumerate(series.items()):
-        xs = [p["level"] for p in sw["points"]]
-        for metric, stat, style in (("ttft", "p99", "-o"), ("itl", "p99", "--s"), ("reply", "p95", ":^")):
-            ax.plot(xs, [_point_stat(p, metric, stat) for p in sw["points"]], style, color=f"C{i}",
-                    label=f"{name} {metric} {stat}")
-    ax.set_xlabel("load"), ax.set_ylabel("seconds"), ax.set_yscale("log"), ax.grid(alpha=0.3)
-    ax.set_title("Latency percentiles vs load"), ax.legend(fontsize=7)
-    out["latency"] = _png(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (name, sw) in enumerate(series.items()):
-        xs = [p["level"] for p in sw["points"]]
-        ys = [p["intervals"]["goodput"]["mean"] for p in sw["points"]]
-        lows = [p["intervals"]["goodput"]["low"] for p in sw["points"]]
-        highs = [p["intervals"]["goodput"]["high"] for p in sw["points"]]
-        line = ax.plot(xs, ys, "-o", label=f"{name} goodput")[0]
-        ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
-        for p in sw["points"]:
-            if not p["passed"]:
-                ax.plot([p["level"]], [p["intervals"]["goodput"]["mean"]], "x", color=line.get_color(), ms=9)
-        if sw.get("knee"):
-            ax.axvline(sw["knee"], color=line.get_color(), ls="--", alpha=0.7)
-            ax.annotate(f"knee {sw['knee']:g}", (sw["knee"], max(ys) * (0.9 - 0.1 * i) if ys else 0),
-                        color=line.get_color(), fontsize=8)
-    ax.set_xlabel("load"), ax.set_ylabel("requests/s meeting the SLO"), ax.grid(alpha=0.3)
-    ax.set_title("Goodput vs load (x: SLO broken, dashed: knee)"), ax.legend(fontsize=7)
-    out["goodput"] = _png(fig)
-
-    out["hits"] = _png(breakdown_figure(series))
-
-    fig, ax = plt.subplots(figsize=(7, 3))
-    for name, sw in series.items():
-        t_off, xs, ys = 0.0, [], []
-        for p in sw["points"]:
-            for r in p["runs"]:
-                samples = r["telemetry"]["samples"]
-                xs += [t_off + s["t_s"] for s in samples]
-                ys += [s["clock_mhz"] if s["clock_mhz"] is not None else float("nan") for s in samples]
-                t_off += (samples[-1]["t_s"] if samples else 0.0) + 1.0
-        ax.plot(xs, ys, ".", ms=3, label=f"{name} ({_telemetry_source(sw)})")
-    ax.set_xlabel("seconds of measurement (runs back to back)"), ax.set_ylabel("MHz"), ax.grid(alpha=0.3)
-    ax.set_title("Clock during runs"), ax.legend(fontsize=7)
-    out["clocks"] = _png(fig)
-    return out
-
-
-def _telemetry_source(sw: dict) -> str:
-    for p in sw["points"]:
-        for r in p["runs"]:
-            return r["telemetry"]["source"]
-    return "none"
+VERDICT_CELLS = {"pass": "met", "fail": "<b>broken</b>", "undecided": "<i>undecided</i>"}
 
 
 def _points_table(name: str, sw: dict) -> str:
+    """One row per load point: its verdict, runs, and each figure with its interval; for a judged
+    point each SLO target as estimate [interval] over n requests; the undecided ones explained."""
     keys = [k for k in (sw["points"][0]["intervals"] if sw["points"] else {}) if k not in ("request_rate",)]
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in ["load", "passed", "runs", "set aside", *keys])
-    rows = []
+    targets = {t.key: t for t in parse_slo(sw["slo"]).targets} if sw.get("slo") else {}
+    judged = any(p.get("confidence") for p in sw["points"])
+    cols = ["load", "SLO", "runs", "set aside", *keys]
+    if judged:
+        cols += [f"{k} (pooled, n)" for k in targets]
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in cols)
+    rows, notes = [], []
     for p in sw["points"]:
-        cells = [f"{p['level']:g}", "yes" if p["passed"] else "<b>no</b>", str(len(p["runs"])),
-                 str(sum(r["throttled"] for r in p["runs"]))]
+        verdict = p.get("verdict") or ("pass" if p["passed"] else "fail")
+        extended = sum(bool(r.get("extension")) for r in p["runs"])
+        runs = str(len(p["runs"])) + (f" ({extended} to decide)" if extended else "")
+        cells = [f"{p['level']:g}", VERDICT_CELLS[verdict], runs, str(sum(r["throttled"] for r in p["runs"]))]
         for k in keys:
             iv = p["intervals"].get(k)  # a point where no run reported a hit rate has none
             cells.append("-" if iv is None else f"{iv['mean']:.4g} [{iv['low']:.3g}, {iv['high']:.3g}]")
+        conf = p.get("confidence") or {}
+        for k in targets if judged else ():
+            d = conf.get("intervals", {}).get(k)
+            if d is None:
+                cells.append("-")
+                continue
+            iv = StatInterval.from_dict(d)
+            cells.append(f"{_seconds(iv.estimate)} [{_seconds(iv.low)}, {_seconds(iv.high)}] n={iv.n}")
+            if conf.get("targets", {}).get(k) == "undecided":
+                notes.append(f"load {p['level']:g}: {why_undecided(targets[k], iv)}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
-    knee_txt = "none (the lowest load broke the SLO)" if knee is None else f"{knee:g}" + (
+    knee_txt = "none (no load was shown to meet the SLO)" if knee is None else f"{knee:g}" + (
         "" if sw.get("knee_reached") else " (not reached: the sweep's maximum still met the SLO)")
     spread = sw.get("knee_spread") or {}
     if len(spread.get("knees") or ()) > 1:
         knee_txt += f"; per repeat {spread['low']:g}-{spread['high']:g}"
-    return (f"<h3>{html.escape(name)}: knee {knee_txt}</h3><table><tr>{head}</tr>{''.join(rows)}</table>")
+    explain = ""
+    if judged:
+        level = next((d["level"] for p in sw["points"]
+                      for d in (p.get("confidence") or {}).get("intervals", {}).values()), 0.95)
+        explain = (f"<p>A point meets the SLO only where every target's {level:.0%} interval (order statistics over "
+                   "the point's requests pooled) lies within it; an undecided point was measured again, and no knee "
+                   "is called on one.</p>")
+    if notes:
+        explain += "<ul>" + "".join(f"<li>undecided at {html.escape(n)}</li>" for n in notes) + "</ul>"
+    return (f"<h3>{html.escape(name)}: knee {knee_txt}</h3><table><tr>{head}</tr>{''.join(rows)}</table>{explain}")
 
 
 def render_html(doc: dict) -> str:
     series = doc["series"]
-    imgs = plots(series) if any(sw["points"] for sw in series.values()) else {}
+    imgs = plots(series) if any(sw["points"] for sw in series.values()) else []
     settings = html.escape(json.dumps(doc.get("settings", {}), indent=2, ensure_ascii=False, default=str))
     fleet = ""
     if doc.get("fleet"):
@@ -166,10 +128,13 @@ def render_html(doc: dict) -> str:
         fleet = ("<h2>Fleet</h2><table><tr><th>series</th><th>knee (chats/replica)</th><th>peak chats</th>"
                  f"<th>replicas</th><th>GPUs</th><th>cost per conversation-hour</th></tr>{rows}</table>")
     tables = "".join(_points_table(n, sw) for n, sw in series.items())
-    figs = "".join(f'<div><img src="data:image/png;base64,{b}" alt="{k}"></div>' for k, b in imgs.items())
+    figs = "".join(f'<figure><img src="data:image/png;base64,{p.png_base64}" alt="{p.key}">'
+                   f"<figcaption>{html.escape(p.caption)}</figcaption></figure>" for p in imgs)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>chatfleet {html.escape(doc['kind'])}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:100%}}pre{{background:#f6f6f6;padding:1em}}</style>
+td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:100%}}
+figure{{margin:1.5em 0}}figcaption{{font-size:14px;color:#333;max-width:800px}}
+pre{{background:#f6f6f6;padding:1em}}</style>
 </head><body><h1>chatfleet {html.escape(doc['kind'])}</h1>
 <p>SLO: <code>{html.escape(next(iter(series.values()))['slo'] if series else '')}</code>. Loads are
 {html.escape(next(iter(series.values()))['mode'] if series else '')}-loop levels; intervals are 95% over repeats.</p>

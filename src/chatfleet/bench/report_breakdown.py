@@ -60,32 +60,44 @@ def tables_html(series: dict[str, dict]) -> str:
     return "".join(parts)
 
 
-def figure(series: dict[str, dict]):
-    """Two panels (by turn, by pause), each hit rate (solid) and TTFT p50 (dashed, right axis)."""
+def figure(series: dict[str, dict], labels: dict[str, str] | None = None):
+    """Two panels (by turn, by pause), each hit rate (solid) and TTFT p50 (dashed, right axis), one
+    colour per series, one legend under both panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    labels = labels or {n: n for n in series}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    fig.subplots_adjust(wspace=0.45)
+    fig.subplots_adjust(wspace=0.35)
     found = series_breakdowns(series)
+    p50s = [g.ttft_p50 for _, bd in found.values() for g in (*bd.by_turn, *bd.by_pause)
+            if g.ttft_p50 is not None and g.ttft_p50 != float("inf")]
+    scale, unit = (1e3, "ms") if max(p50s, default=0.0) < 2.0 else (1.0, "s")
+    handles = []
     for ax, attr, xlabel in ((axes[0], "by_turn", "turn index in the conversation"),
                              (axes[1], "by_pause", "pause before the turn")):
         twin = ax.twinx()
         orders = {g.key: g.order for _, bd in found.values() for g in getattr(bd, attr)}
-        labels = sorted(orders, key=orders.__getitem__)  # one x axis for every series
+        keys = sorted(orders, key=orders.__getitem__)  # one x axis for every series
+        handles = []
         for i, (name, (level, bd)) in enumerate(found.items()):
             groups = getattr(bd, attr)
-            xs = [labels.index(g.key) for g in groups]
-            ax.plot(xs, [g.hit_rate if g.hit_rate is not None else float("nan") for g in groups], "-o",
-                    color=f"C{i}", label=f"{name} hit rate (load {level:g})")
-            ttft = [g.ttft_p50 if g.ttft_p50 is not None and g.ttft_p50 != float("inf") else float("nan")
+            xs = [keys.index(g.key) for g in groups]
+            handles += ax.plot(xs, [g.hit_rate if g.hit_rate is not None else float("nan") for g in groups], "-o",
+                               color=f"C{i}", ms=4, label=f"{labels.get(name, name)} hit rate (load {level:g})")
+            ttft = [g.ttft_p50 * scale if g.ttft_p50 is not None and g.ttft_p50 != float("inf") else float("nan")
                     for g in groups]
-            twin.plot(xs, ttft, "--s", color=f"C{i}", alpha=0.7, label=f"{name} ttft p50")
-        ax.set_xticks(range(len(labels)), labels, rotation=30 if attr == "by_pause" else 0, fontsize=7)
+            handles += twin.plot(xs, ttft, "--s", color=f"C{i}", ms=4, alpha=0.7,
+                                 label=f"{labels.get(name, name)} TTFT p50")
+        ax.set_xticks(range(len(keys)), keys, rotation=30 if attr == "by_pause" else 0, fontsize=7)
         ax.set_xlabel(xlabel), ax.set_ylabel("prefix-cache hit rate"), ax.set_ylim(0, 1.02), ax.grid(alpha=0.3)
-        twin.set_ylabel("TTFT p50 (s)")
-        ax.legend(fontsize=7, loc="upper left"), twin.legend(fontsize=7, loc="upper right")
-    axes[0].set_title("Hit rate and TTFT by turn"), axes[1].set_title("Hit rate and TTFT by pause")
+        twin.set_ylabel(f"TTFT p50 ({unit})")
+        twin.set_ylim(bottom=0)
+    axes[0].set_title("By turn", fontsize=10), axes[1].set_title("By pause", fontsize=10)
+    if handles:
+        fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=min(4, len(handles)),
+                   fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
+        fig.subplots_adjust(bottom=0.28)
     return fig

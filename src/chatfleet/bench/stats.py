@@ -91,6 +91,20 @@ def hits_by_turn(records: list[RequestRecord]) -> dict[int, TurnHits]:
     return {t: TurnHits(*acc[t]) for t in sorted(acc)}
 
 
+def latency_series(records: list[RequestRecord]) -> dict[str, np.ndarray]:
+    """Each SLO metric's values over measured ``records`` (warmup excluded), as arrays once (a long
+    run has millions of inter-token gaps). A failed request is infinitely slow for TTFT and reply."""
+    recs = [r for r in records if not r.warmup]
+    inf = float("inf")
+    return {
+        "ttft": np.asarray([r.ttft_s if r.status == "ok" and r.ttft_s is not None else inf for r in recs], dtype=float),
+        "reply": np.asarray([r.reply_s if r.status == "ok" and r.reply_s is not None else inf for r in recs],
+                            dtype=float),
+        "queue": np.asarray([r.queue_s for r in recs if r.queue_s is not None], dtype=float),
+        "itl": np.fromiter(itertools.chain.from_iterable(r.itl_s for r in recs if r.status == "ok"), dtype=float),
+    }
+
+
 def summarize(records: list[RequestRecord], slo: SLO | None, window_s: float) -> RunSummary:
     """Stats over the measured (non-warmup) records of one run lasting ``window_s`` seconds.
 
@@ -99,14 +113,7 @@ def summarize(records: list[RequestRecord], slo: SLO | None, window_s: float) ->
     """
     recs = [r for r in records if not r.warmup]
     ok = [r for r in recs if r.status == "ok"]
-    inf = float("inf")
-    series = {  # as arrays once: a long run has millions of inter-token gaps
-        "ttft": np.asarray([r.ttft_s if r.status == "ok" and r.ttft_s is not None else inf for r in recs], dtype=float),
-        "reply": np.asarray([r.reply_s if r.status == "ok" and r.reply_s is not None else inf for r in recs],
-                            dtype=float),
-        "queue": np.asarray([r.queue_s for r in recs if r.queue_s is not None], dtype=float),
-        "itl": np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), dtype=float),
-    }
+    series = latency_series(recs)
     latency = {m: {s: stat_of(v, s) for s in STATS} for m, v in series.items()}
     window = max(window_s, 1e-9)
     good = [r for r in ok if slo is None or slo.request_ok(r.slo_values())]

@@ -4,6 +4,11 @@ Every run: reset the server's prefix cache and verify it, take a fresh seed, sam
 warm up (excluded), measure. A load point is repeated and reported with confidence intervals;
 runs under the clock floor are set aside (and rerun once). The sweep raises the load until the
 SLO breaks, then bisects: the knee is the highest load that meets it.
+
+With a ``confidence`` level a point is judged by intervals over its requests pooled
+(``point_verdict``): it passes only where every target's interval meets the SLO, fails only where
+one breaks it, and an undecided point is measured again, one run of the same length at a time, up
+to ``extend_up_to`` times its repeats. A knee is never called on an undecided point.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
+from chatfleet.bench.point_verdict import PointVerdict, judge_point
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
 from chatfleet.bench.slo import SLO
@@ -39,6 +45,8 @@ class RunProtocol:
     transport: str = "raw"
     use_gpu_telemetry: bool = True
     api_key: str | None = None  # sent as 'Authorization: Bearer ...'
+    confidence: float | None = None  # judge points by intervals at this level; None: by the estimate
+    extend_up_to: int = 3  # an undecided point runs up to this many times its repeats
 
     @property
     def headers(self) -> dict[str, str]:
@@ -49,6 +57,10 @@ class RunProtocol:
             raise ConfigError("repeats must be >= 1")
         if self.throttle_reruns < 0:
             raise ConfigError("throttle_reruns must be >= 0")
+        if self.confidence is not None and not 0 < self.confidence < 1:
+            raise ConfigError(f"confidence must be in (0, 1), got {self.confidence:g}")
+        if self.extend_up_to < 1:
+            raise ConfigError(f"extend_up_to must be >= 1 (1: never extend), got {self.extend_up_to}")
 
 
 @dataclass(frozen=True)
@@ -80,10 +92,12 @@ class RunRecord:
     started_unix: float
     conversations: int
     records: list[RequestRecord] = field(default_factory=list)
+    extension: bool = False  # run to decide an undecided point, beyond the repeats
 
     def to_dict(self, with_records: bool = True) -> dict:
         return {
-            "level": self.level, "repeat": self.repeat, "seed": self.seed, "reset": self.reset.to_dict(),
+            "level": self.level, "repeat": self.repeat, "seed": self.seed, "extension": self.extension,
+            "reset": self.reset.to_dict(),
             "telemetry": self.telemetry.to_dict(), "throttled": self.throttled,
             "summary": self.summary.to_dict(), "started_unix": self.started_unix,
             "conversations": self.conversations,
@@ -97,6 +111,14 @@ class PointResult:
     runs: list[RunRecord]
     passed: bool
     intervals: dict[str, Interval]  # goodput, hit_rate and each SLO target, over kept repeats
+    judged: PointVerdict | None = None  # with a confidence level: intervals over the pooled requests
+
+    @property
+    def verdict(self) -> str:
+        """'pass', 'fail' or 'undecided' (without a confidence level: pass or fail by the estimate)."""
+        if self.judged is not None:
+            return self.judged.verdict
+        return "pass" if self.passed else "fail"
 
     @property
     def kept(self) -> list[RunRecord]:
@@ -107,7 +129,8 @@ class PointResult:
         return breakdown(rec for run in self.kept for rec in run.records)
 
     def to_dict(self, with_records: bool = True) -> dict:
-        return {"level": self.level, "passed": self.passed,
+        return {"level": self.level, "passed": self.passed, "verdict": self.verdict,
+                "confidence": self.judged.to_dict() if self.judged is not None else None,
                 "intervals": {k: asdict(v) for k, v in self.intervals.items()},
                 "breakdown": self.breakdown().to_dict(),
                 "runs": [r.to_dict(with_records) for r in self.runs]}
@@ -123,6 +146,11 @@ class SweepResult:
 
     def point(self, level: float) -> PointResult | None:
         return next((p for p in self.points if p.level == level), None)
+
+    @property
+    def undecided(self) -> list[float]:
+        """Levels whose intervals still straddled the SLO after their extensions."""
+        return [p.level for p in self.points if p.verdict == "undecided"]
 
 
 class Observer:
@@ -159,7 +187,7 @@ class Bench:
     async def close(self) -> None:
         await self.control.close()
 
-    async def run_once(self, level: float, repeat: int) -> RunRecord:
+    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
         seed = self.p.base_seed + 1000 * self.runs_done + 1  # a new seed for every run
         self.runs_done += 1
         load = replace(self.p.load, level=level)
@@ -177,7 +205,7 @@ class Bench:
         floor = floor_mhz(self.p.clock_floor, tel.max_clock_mhz)
         run = RunRecord(level, repeat, seed, reset, tel, throttled(tel, floor),
                         summarize(res.records, self.p.slo, res.window_s), res.started_unix,
-                        res.conversations, res.records)
+                        res.conversations, res.records, extension)
         self.obs.run_finished(run)
         return run
 
@@ -192,9 +220,19 @@ class Bench:
                 run = await self.run_once(level, rep)
                 runs.append(run)
         kept = [r for r in runs if not r.throttled] or runs
-        iv = _point_intervals(kept, self.p.slo)
-        passed = all(t.ok(iv[t.key].mean) for t in self.p.slo.targets) and all(r.summary.requests > 0 for r in kept)
-        return PointResult(level, runs, passed, iv)
+        if self.p.confidence is None:
+            iv = _point_intervals(kept, self.p.slo)
+            passed = all(t.ok(iv[t.key].mean) for t in self.p.slo.targets) and all(r.summary.requests > 0 for r in kept)
+            return PointResult(level, runs, passed, iv)
+        judged = judge_point((rec for r in kept for rec in r.records), self.p.slo, self.p.confidence)
+        extensions = 0
+        while judged.verdict == "undecided" and extensions < (self.p.extend_up_to - 1) * self.p.repeats:
+            runs.append(await self.run_once(level, self.p.repeats + extensions, extension=True))
+            extensions += 1
+            kept = [r for r in runs if not r.throttled] or runs
+            judged = judge_point((rec for r in kept for rec in r.records), self.p.slo, self.p.confidence)
+        passed = judged.verdict == "pass" and all(r.summary.requests > 0 for r in kept)
+        return PointResult(level, runs, passed, _point_intervals(kept, self.p.slo), judged)
 
 
 async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
