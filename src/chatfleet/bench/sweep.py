@@ -25,7 +25,7 @@ from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
 from chatfleet.bench.slo import SLO
 from chatfleet.bench.stats import Interval, RunSummary, confidence_interval, summarize
-from chatfleet.bench.telemetry import Telemetry, TelemetrySampler, floor_mhz, throttled
+from chatfleet.bench.telemetry import Telemetry, TelemetrySampler, run_floor, throttled
 from chatfleet.bench.transport import make_transport
 from chatfleet.bench.workload import Workload
 from chatfleet.errors import ConfigError
@@ -202,7 +202,7 @@ class Bench:
         finally:
             tel = await sampler.stop()
             await transport.close()
-        floor = floor_mhz(self.p.clock_floor, tel.max_clock_mhz)
+        floor = run_floor(self.p.clock_floor, tel)
         run = RunRecord(level, repeat, seed, reset, tel, throttled(tel, floor),
                         summarize(res.records, self.p.slo, res.window_s), res.started_unix,
                         res.conversations, res.records, extension)
