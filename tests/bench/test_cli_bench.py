@@ -47,3 +47,19 @@ def test_workload_stats_and_export(tmp_path):
     assert "request tokens mean" in r.output
     lines = (tmp_path / "t.jsonl").read_text().splitlines()
     assert len(lines) == 30 and json.loads(lines[0])["messages"][0]["role"] == "system"
+
+
+def test_an_undecided_point_says_so_on_the_console_and_in_the_json(scripted, tmp_path):
+    url = scripted("--ttft-ms", "2", "--itl-ms", "1")
+    r = runner.invoke(app, ["bench", "--url", url, "--level", "2", "--mode", "concurrency", "--duration", "0.3",
+                            "--warmup", "0", "--slo", "ttft_p99<=1s", "--extend-up-to", "2",
+                            "--out", str(tmp_path / "b.json")], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "SLO at load 2: undecided" in r.output and "after 2 runs" in r.output and ">= 368 values" in r.output
+    point = json.loads((tmp_path / "b.json").read_text())["series"][url]["points"][0]
+    assert point["verdict"] == "undecided" and [r["extension"] for r in point["runs"]] == [False, True]
+    assert point["confidence"]["intervals"]["ttft_p99"]["high"] == float("inf")
+    # --confidence 0 judges by the estimate alone, as before: one run, met.
+    r = runner.invoke(app, ["bench", "--url", url, "--level", "2", "--mode", "concurrency", "--duration", "0.3",
+                            "--warmup", "0", "--slo", "ttft_p99<=1s", "--confidence", "0"])
+    assert r.exit_code == 0 and "SLO at load 2: met" in r.output, r.output

@@ -12,6 +12,7 @@ from rich.table import Table
 from chatfleet.bench.breakdown import Breakdown
 from chatfleet.bench.fleet import FleetPlan
 from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
 from chatfleet.bench.slo import parse_slo
@@ -115,21 +116,47 @@ def run_facts(s: RunSummary) -> Table:
     return t
 
 
+VERDICT_TEXT = {"pass": "met", "fail": "[red]broken[/]", "undecided": "[yellow]undecided[/]"}
+
+
+def _interval_cell(p, key: str) -> str:
+    iv = p.judged.intervals.get(key) if p.judged is not None else None
+    if iv is None:
+        return "-"
+    return f"{_ms(iv.estimate)} [{_ms(iv.low) if iv.low > 0 else '0'}, {_ms(iv.high)}] n={iv.n}"
+
+
 def sweep_table(res: SweepResult, title: str) -> Table:
-    """One row per load point; latency columns show the percentiles the SLO names."""
+    """One row per load point; latency columns show the percentiles the SLO names. Judged points
+    (a confidence level) add each target's interval over the point's requests pooled, with n."""
     t = Table(title=title)
     stats = shown_stats(res.slo)
-    for c in ("load", "SLO", "goodput/s", *(f"{m} {stats[m]}" for m in ("ttft", "itl", "reply")), "hit rate", "runs"):
+    keys = [tg.key for tg in parse_slo(res.slo).targets] if any(p.judged for p in res.points) else []
+    for c in ("load", "SLO", "goodput/s", *(f"{m} {stats[m]}" for m in ("ttft", "itl", "reply")), "hit rate", "runs",
+              *(f"{k} interval" for k in keys)):
         t.add_column(c, justify="right")
     for p in res.points:
         kept = p.kept
-        mean = lambda f: sum(f(r.summary) for r in kept) / len(kept)  # noqa: E731
+
+        def mean(f, kept=kept):
+            return sum(f(r.summary) for r in kept) / len(kept)
+
         hr = [r.summary.hit_rate for r in kept if r.summary.hit_rate is not None]
-        t.add_row(f"{p.level:g}" + (" *" if p.level == res.knee else ""), "met" if p.passed else "[red]broken[/]",
+        extended = sum(r.extension for r in p.runs)
+        t.add_row(f"{p.level:g}" + (" *" if p.level == res.knee else ""), VERDICT_TEXT[p.verdict],
                   f"{p.intervals['goodput'].mean:.2f}",
                   *(_ms(mean(lambda s, m=m: _stat(s, m, stats[m]))) for m in ("ttft", "itl", "reply")),
-                  f"{sum(hr) / len(hr):.0%}" if hr else "-", str(len(p.runs)))
+                  f"{sum(hr) / len(hr):.0%}" if hr else "-", str(len(p.runs)) + (f" (+{extended})" if extended else ""),
+                  *(_interval_cell(p, k) for k in keys))
     return t
+
+
+def undecided_lines(res: SweepResult) -> list[str]:
+    """Why each undecided point stayed so: the straddling interval and what would decide it."""
+    targets = {tg.key: tg for tg in parse_slo(res.slo).targets}
+    return [f"load {p.level:g} undecided after {len(p.runs)} runs: {why_undecided(targets[k], p.judged.intervals[k])}"
+            for p in res.points if p.judged is not None and p.verdict == "undecided"
+            for k, v in p.judged.targets.items() if v == "undecided"]
 
 
 def fleet_table(plans: dict[str, FleetPlan | None], title: str = "fleet") -> Table:

@@ -55,6 +55,8 @@ class DemoConfig:
     growth: float = 2.0  # between load levels until the SLO breaks
     resolution: float = 1.0  # then bisect until the bracket is this narrow (chats)
     repeats: int = 2
+    confidence: float | None = 0.95  # points judged by intervals (bench/point_verdict); None: by the estimate
+    extend_up_to: int = 3  # an undecided point runs up to this many times its repeats
     seed: int = 0
     parallel: bool = False  # every series at once (threads each); default: one after the other
     kv_cache_tokens: int = 2048  # the device KV budget of every series: scarce, so memory binds
@@ -68,6 +70,10 @@ class DemoConfig:
         get_profile(self.profile)
         if self.threads < 1 or self.peak_chats < 1 or self.max_points < 2 or self.repeats < 1:
             raise ConfigError("threads, peak chats and repeats must be >= 1, max points >= 2")
+        if self.confidence is not None and not 0 < self.confidence < 1:
+            raise ConfigError(f"--confidence must be in [0, 1) (0: by the estimate alone), got {self.confidence:g}")
+        if self.extend_up_to < 1:
+            raise ConfigError(f"--extend-up-to must be >= 1 (1: never extend), got {self.extend_up_to}")
         if self.kv_cache_tokens < 64:
             raise ConfigError("the device KV budget must be at least 64 tokens")
         if self.pause_mean_s is not None:
@@ -124,7 +130,8 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
     con.print(f"[bold]{series.name}[/]: {series.describe()}")
     with start_server(series, cfg.out_dir) as url:
         proto = RunProtocol(url, cfg.load_spec(), parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
-                            server_kind=series.server_kind)
+                            server_kind=series.server_kind, confidence=cfg.confidence,
+                            extend_up_to=cfg.extend_up_to)
         make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()
         spec = cfg.sweep_spec()
 
@@ -171,6 +178,8 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
               for n, s in sweeps.items()}
     for n, s in sweeps.items():
         con.print(ui.sweep_table(s, f"{n}: live chats vs SLO {s.slo}"))
+        for line in ui.undecided_lines(s):
+            con.print(f"{n}: {line}", highlight=False)
         shown = next((p for p in s.points if p.level == s.knee), s.points[-1] if s.points else None)
         if shown is not None:
             for table in ui.breakdown_tables(shown.breakdown(), f"{n} at {shown.level:g} chats"):

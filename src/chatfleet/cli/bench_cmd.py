@@ -52,6 +52,9 @@ O_TEMP = typer.Option(1.0, "--temperature", help="Sampling temperature sent with
 O_TIMEOUT = typer.Option(300.0, "--request-timeout", help="Seconds before a request counts as timed out.")
 O_MAXREQ = typer.Option(None, "--max-requests", help="Stop sending after this many requests per run.")
 O_KEY = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer token for the server.")
+O_CONF = typer.Option(0.95, "--confidence", help="Judge a point by intervals at this level over its requests "
+                      "(met, broken or undecided; undecided is measured again); 0: by the estimate alone.")
+O_EXTEND = typer.Option(3, "--extend-up-to", help="An undecided point runs up to this many times --repeats.")
 
 
 def _fail(e: Exception) -> None:
@@ -59,10 +62,13 @@ def _fail(e: Exception) -> None:
 
 
 def _protocol(url, mode, duration, warmup, repeats, seed, kind, no_verify, floor, transport, history, slo, max_req,
-              level=1.0, api_key=None):
+              level=1.0, api_key=None, confidence=0.95, extend_up_to=3):
     load = LoadSpec(mode, level, duration_s=duration, warmup_s=warmup, history=history, max_requests=max_req)
+    if confidence < 0 or confidence >= 1:
+        raise ConfigError(f"--confidence must be in [0, 1) (0: judge by the estimate alone), got {confidence:g}")
     return RunProtocol(url, load, parse_slo(slo), repeats=repeats, base_seed=seed, server_kind=kind,
-                       verify_reset=not no_verify, clock_floor=floor, transport=transport, api_key=api_key)
+                       verify_reset=not no_verify, clock_floor=floor, transport=transport, api_key=api_key,
+                       confidence=confidence or None, extend_up_to=extend_up_to)
 
 
 def _with_bench(proto: RunProtocol, client: ClientConfig, make, action):
@@ -96,11 +102,12 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
           no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
           trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
           temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
-          api_key: str | None = O_KEY, out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
+          api_key: str | None = O_KEY, confidence: float = O_CONF, extend_up_to: int = O_EXTEND,
+          out_path: Path | None = O_OUT, html: Path | None = O_HTML) -> None:
     """Measure one load point (repeated --repeats times) against URL."""
     try:
         proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
-                          transport, history, slo, max_requests, level, api_key)
+                          transport, history, slo, max_requests, level, api_key, confidence, extend_up_to)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
         Endpoint.parse(url)  # a clear error for a URL that is not http(s)://HOST:PORT
@@ -118,6 +125,9 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
     from chatfleet.bench.sweep import SweepResult
 
     res = SweepResult(mode, slo, [point], level if point.passed else None, not point.passed)
+    out.print(f"SLO at load {level:g}: [bold]{ui.VERDICT_TEXT[point.verdict]}[/]")
+    for line in ui.undecided_lines(res):
+        out.print(line, highlight=False)
     doc = result_document("bench", _settings(url=url, model=client.model, profile=get_profile(profile),
                           tokenizer=counter.name, protocol=proto, client=client), {url: sweep_to_dict(res)})
     _write(doc, out_path, html)
@@ -134,7 +144,7 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
               no_verify_reset: bool = O_NOVERIFY, clock_floor: float | None = O_FLOOR, transport: str = O_TRANSPORT,
               trace: str | None = O_TRACE, sharegpt: str | None = O_SHAREGPT, history: str = O_HISTORY,
               temperature: float = O_TEMP, request_timeout: float = O_TIMEOUT, max_requests: int | None = O_MAXREQ,
-              api_key: str | None = O_KEY,
+              api_key: str | None = O_KEY, confidence: float = O_CONF, extend_up_to: int = O_EXTEND,
               peak: int | None = typer.Option(None, "--peak", help="Also size a fleet for this many peak chats."),
               headroom: float = typer.Option(0.0, "--headroom", help="Fleet headroom above the peak (0.2 = 20%)."),
               price: float | None = typer.Option(None, "--price", help="Price per GPU-hour for the cost."),
@@ -142,7 +152,8 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
     """Raise the load until the SLO breaks, then bisect: report the knee (and a fleet size)."""
     try:
         proto = _protocol(url, mode, duration, warmup, repeats, seed, server_kind, no_verify_reset, clock_floor,
-                          transport, history, slo, max_requests, api_key=api_key)
+                          transport, history, slo, max_requests, api_key=api_key, confidence=confidence,
+                          extend_up_to=extend_up_to)
         spec = SweepSpec(start, max_level, growth, resolution, max_points)
         source = WorkloadSource(get_profile(profile), tokenizer, trace, sharegpt, history)
         make, counter = source.factory()
@@ -157,6 +168,8 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
     out.print(ui.sweep_table(res, f"sweep against {url} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"knee: [bold]{knee}[/]")
+    for line in ui.undecided_lines(res):
+        out.print(line, highlight=False)
     shown = next((p for p in res.points if p.level == res.knee), res.points[-1] if res.points else None)
     if shown is not None:
         for table in ui.breakdown_tables(shown.breakdown(), f"load {shown.level:g}"):

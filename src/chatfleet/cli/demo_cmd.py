@@ -32,6 +32,10 @@ def demo(
     start: int = typer.Option(_D.start, "--start", help="First load level (live chats); doubled until the SLO breaks."),
     max_points: int = typer.Option(_D.max_points, "--max-points", help="Most load points per series."),
     repeats: int = typer.Option(_D.repeats, "--repeats", help="Runs per load point (the knee's spread)."),
+    confidence: float = typer.Option(_D.confidence or 0.0, "--confidence", help="Judge a point by intervals at "
+                                     "this level (undecided is measured again); 0: by the estimate alone."),
+    extend_up_to: int = typer.Option(_D.extend_up_to, "--extend-up-to",
+                                     help="An undecided point runs up to this many times --repeats."),
     kv_cache_tokens: int = typer.Option(_D.kv_cache_tokens, "--kv-cache-tokens",
                                         help="Device KV budget (tokens) of every series: scarce, so memory binds."),
     max_running: int = typer.Option(_T.max_running, "--max-running", help="Tuned: the cap on running requests."),
@@ -49,7 +53,8 @@ def demo(
         tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
         cfg = DemoConfig(model=model, profile=profile, join=join, slo=slo, peak_chats=peak, headroom=headroom,
                          price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
-                         warmup_s=warmup, start=start, max_points=max_points, repeats=repeats, kv_cache_tokens=kv_cache_tokens,
+                         warmup_s=warmup, start=start, max_points=max_points, repeats=repeats,
+                         confidence=confidence or None, extend_up_to=extend_up_to, kv_cache_tokens=kv_cache_tokens,
                          techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed, **kw)
         run_demo(cfg)
     except ChatfleetError as e:
