@@ -114,3 +114,32 @@ def test_an_empty_table_gives_no_information_instead_of_an_error():
     for iv in (tango_interval(empty), newcombe_interval(empty)):
         assert (iv.low, iv.high) == (-1.0, 1.0)
     assert mcnemar_exact_p(empty) == 1.0
+
+
+def test_three_way_decisions_say_inconclusive_when_the_interval_straddles_the_margin():
+    from chatfleet.errors import ConfigError
+    from chatfleet.gate.stats import equivalence, non_inferiority
+
+    assert non_inferiority(-0.005, 0.02, 0.01) == "pass"
+    assert non_inferiority(-0.3, -0.05, 0.01) == "fail"
+    assert non_inferiority(-0.12, 0.12, 0.01) == "inconclusive"
+    assert equivalence(-0.01, 0.015, 0.02) == "pass"
+    assert equivalence(0.03, 0.05, 0.02) == "fail" and equivalence(-0.05, -0.03, 0.02) == "fail"
+    assert equivalence(0.01, 0.03, 0.02) == "inconclusive"
+    with pytest.raises(ConfigError):
+        non_inferiority(0.1, -0.1, 0.01)
+
+
+def test_two_identical_servers_on_few_items_are_inconclusive_and_on_many_pass():
+    """The gate's own GSM8K rule on an all-concordant table: 20 items cannot decide; enough do."""
+    from chatfleet.gate.stats import non_inferiority
+
+    def decide(n):
+        iv = tango_interval(PairedTable(n // 2, 0, 0, n - n // 2), 0.90)  # one-sided 95% bounds
+        return non_inferiority(iv.low, iv.high, 0.01)
+
+    assert decide(20) == "inconclusive" and decide(250) == "inconclusive"  # lower bound -1.07 points
+    assert decide(300) == "pass" and decide(1319) == "pass"  # -0.89 points; the full test split -0.2
+    # A candidate that loses 12 of 20 questions is a fail, not merely inconclusive.
+    iv = tango_interval(PairedTable(4, 12, 0, 4), 0.90)
+    assert non_inferiority(iv.low, iv.high, 0.01) == "fail"

@@ -1,5 +1,5 @@
 """`chatfleet gate`: a candidate server against a baseline on GSM8K, tool calls and role-play
-likelihood. Exit 0 pass, 1 fail, 2 invalid run."""
+likelihood. Exit 0 pass, 1 fail, 2 invalid run, 3 inconclusive (too few items to decide)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from chatfleet.gate.suite import Progress as SuiteProgress
 from chatfleet.gate.suite import SuiteSettings
 
 _S, _P = SuiteSettings(), SamplingSettings()
+
+COLOURS = {"pass": "green", "fail": "red", "invalid": "yellow", "inconclusive": "yellow"}
 
 
 def gate(
@@ -73,11 +75,11 @@ def gate(
         con.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
     for name, result in outcome.suites.items():
-        colour = {"pass": "green", "fail": "red", "invalid": "yellow"}[result.verdict.value]
+        colour = COLOURS[result.verdict.value]
         con.print(f"[bold]{name}[/] [{colour}]{result.verdict.value}[/] ({result.wall_s:.1f} s): {result.reason}")
         for note in result.notes:
             con.print(f"  note: {note}")
-    colour = {"pass": "green", "fail": "red", "invalid": "yellow"}[outcome.verdict.value]
+    colour = COLOURS[outcome.verdict.value]
     con.print(f"gate: [bold {colour}]{outcome.verdict.value.upper()}[/] ({outcome.wall_s:.1f} s) {outcome.reason}")
     if out is not None:
         paths = write_outputs(config, outcome, out)

@@ -6,8 +6,9 @@ chat: a system line asking for ``#### <number>`` at the end, the examples as use
 turns (calculator annotations ``<<...>>`` removed), then the question; greedy decoding.
 An answer is read strictly from ``#### N`` first, else the last number in the reply.
 
-Decision: Tango's score interval on the paired 2x2 table; its one-sided lower bound (the lower
-end of the two-sided interval at 1 - 2 x (1 - confidence)) must be >= -margin. Newcombe's
+Decision: Tango's score interval on the paired 2x2 table at 1 - 2 x (1 - confidence) (its ends
+are one-sided bounds at the confidence): pass where the lower bound is >= -margin, fail where the
+upper bound is < -margin, inconclusive between (``stats.non_inferiority``). Newcombe's
 interval and the exact McNemar test are reported beside it. The A/A check answers the first
 questions twice on the baseline; when greedy answers disagree with themselves more often than
 allowed (nondeterministic batching), the suite takes several sampled answers per question from
@@ -26,8 +27,14 @@ from pathlib import Path
 
 from chatfleet.errors import ConfigError
 from chatfleet.gate.client import Reply
-from chatfleet.gate.stats import (PairedTable, bootstrap_mean_interval, mcnemar_exact_p, newcombe_interval,
-                                  tango_interval)
+from chatfleet.gate.stats import (
+    PairedTable,
+    bootstrap_mean_interval,
+    mcnemar_exact_p,
+    newcombe_interval,
+    non_inferiority,
+    tango_interval,
+)
 from chatfleet.gate.suite import SUITES, SuiteContext, SuiteResult, Verdict, error_rate_reason
 
 NAME = "gsm8k"
@@ -70,7 +77,7 @@ def extract_answer(reply: str) -> str | None:
 def load_problems(path: Path, limit: int | None = None) -> list[Problem]:
     if not path.is_file():
         raise ConfigError(f"GSM8K file {str(path)!r} not found (a JSONL of question/answer lines)")
-    out = []
+    out: list[Problem] = []
     with path.open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -122,11 +129,11 @@ async def run(ctx: SuiteContext) -> SuiteResult:
         asyncio.gather(*(ask(ctx.candidate, p) for p in problems)),
         asyncio.gather(*(ask(ctx.baseline, p) for p in problems[:aa_n])))
     base, cand = list(base), list(cand)
-    aa_pairs = [(a, b) for a, b in zip(aa, base) if "error" not in a and "error" not in b]
+    aa_pairs = [(a, b) for a, b in zip(aa, base, strict=False) if "error" not in a and "error" not in b]
     disagreement = (sum(a["answer"] != b["answer"] for a, b in aa_pairs) / len(aa_pairs)) if aa_pairs else 0.0
     metrics: dict = {"questions": len(problems), "shots": len(shots),
                      "aa": {"items": len(aa_pairs), "disagreement": disagreement}}
-    errors = sum(1 for b, c in zip(base, cand) if "error" in b or "error" in c)
+    errors = sum(1 for b, c in zip(base, cand, strict=True) if "error" in b or "error" in c)
     metrics["errors"] = errors
     invalid = error_rate_reason(errors, len(problems), s.max_error_rate)
     if invalid:
@@ -140,7 +147,7 @@ async def run(ctx: SuiteContext) -> SuiteResult:
 
 
 def _worst(problems: list[Problem], base: list[dict], cand: list[dict]) -> list[dict]:
-    losses = [(b, c) for b, c in zip(base, cand) if b.get("correct") and c.get("correct") is False]
+    losses = [(b, c) for b, c in zip(base, cand, strict=True) if b.get("correct") and c.get("correct") is False]
     return [{"id": b["id"], "question": problems[b["id"]].question[:300], "gold": b["gold"],
              "baseline": f"{b['answer']}: {b['reply'][-400:]}", "candidate": f"{c['answer']}: {c['reply'][-400:]}"}
             for b, c in losses[:5]]
@@ -149,7 +156,8 @@ def _worst(problems: list[Problem], base: list[dict], cand: list[dict]) -> list[
 def _greedy_decision(ctx: SuiteContext, base: list[dict], cand: list[dict], metrics: dict,
                      problems: list[Problem]) -> SuiteResult:
     s = ctx.settings
-    pairs = [(b["correct"], c["correct"]) for b, c in zip(base, cand) if "error" not in b and "error" not in c]
+    pairs = [(b["correct"], c["correct"]) for b, c in zip(base, cand, strict=True)
+             if "error" not in b and "error" not in c]
     table = PairedTable.from_pairs(pairs)
     one_sided = tango_interval(table, round(1 - 2 * (1 - s.confidence), 12))
     metrics.update(table=table.to_dict(), mcnemar_p=mcnemar_exact_p(table), lower_bound=one_sided.low,
@@ -157,13 +165,20 @@ def _greedy_decision(ctx: SuiteContext, base: list[dict], cand: list[dict], metr
                        "tango": tango_interval(table, s.confidence).to_dict(),
                        "newcombe": newcombe_interval(table, s.confidence).to_dict(),
                        f"tango one-sided {s.confidence:.0%}": one_sided.to_dict()})
-    ok = one_sided.low >= -s.gsm8k_margin
+    decision = non_inferiority(one_sided.low, one_sided.high, s.gsm8k_margin)
     reason = (f"accuracy {100 * table.baseline_rate:.2f}% -> {100 * table.candidate_rate:.2f}% "
               f"({table.baseline_only} losses, {table.candidate_only} gains of {table.n}); one-sided "
-              f"{s.confidence:.0%} Tango lower bound {100 * one_sided.low:+.2f} points "
-              f"{'>=' if ok else '<'} -{100 * s.gsm8k_margin:g}")
-    return SuiteResult(NAME, Verdict.PASS if ok else Verdict.FAIL, reason, metrics, base, cand,
-                       _worst(problems, base, cand))
+              f"{s.confidence:.0%} Tango bounds [{100 * one_sided.low:+.2f}, {100 * one_sided.high:+.2f}] points "
+              f"{_against_margin(decision, s.gsm8k_margin)}")
+    return SuiteResult(NAME, Verdict(decision), reason, metrics, base, cand, _worst(problems, base, cand))
+
+
+def _against_margin(decision: str, margin: float) -> str:
+    if decision == "pass":
+        return f"(lower >= -{100 * margin:g})"
+    if decision == "fail":
+        return f"(upper < -{100 * margin:g})"
+    return f"straddle -{100 * margin:g}: too few questions to decide either way"
 
 
 async def _sampled(ctx: SuiteContext, problems: list[Problem], shots: list[Problem], base: list[dict],
@@ -177,7 +192,7 @@ async def _sampled(ctx: SuiteContext, problems: list[Problem], shots: list[Probl
                                   for client in (ctx.baseline, ctx.candidate) for st in settings))
     base_runs, cand_runs = runs[:k], runs[k:]
     diffs, errors = [], 0
-    for i, (b, c) in enumerate(zip(base, cand)):
+    for i, (b, c) in enumerate(zip(base, cand, strict=True)):
         b_ok = [r[i]["correct"] for r in base_runs if "error" not in r[i]]
         c_ok = [r[i]["correct"] for r in cand_runs if "error" not in r[i]]
         errors += 2 * k - len(b_ok) - len(c_ok)
@@ -198,11 +213,11 @@ async def _sampled(ctx: SuiteContext, problems: list[Problem], shots: list[Probl
                    margin=s.gsm8k_margin, intervals={
                        "question-level bootstrap": bootstrap_mean_interval(diffs, s.confidence, seed=s.seed).to_dict(),
                        f"question-level one-sided {s.confidence:.0%}": one_sided.to_dict()})
-    ok = one_sided.low >= -s.gsm8k_margin
-    reason = (f"sampled mode: mean difference {100 * mean:+.2f} points; one-sided lower bound "
-              f"{100 * one_sided.low:+.2f} {'>=' if ok else '<'} -{100 * s.gsm8k_margin:g}")
-    return SuiteResult(NAME, Verdict.PASS if ok else Verdict.FAIL, reason, metrics, base, cand,
-                       _worst(problems, base, cand), notes=[note])
+    decision = non_inferiority(one_sided.low, one_sided.high, s.gsm8k_margin)
+    reason = (f"sampled mode: mean difference {100 * mean:+.2f} points; one-sided bounds "
+              f"[{100 * one_sided.low:+.2f}, {100 * one_sided.high:+.2f}] {_against_margin(decision, s.gsm8k_margin)}")
+    return SuiteResult(NAME, Verdict(decision), reason, metrics, base, cand, _worst(problems, base, cand),
+                       notes=[note])
 
 
 SUITES.register(NAME)(run)

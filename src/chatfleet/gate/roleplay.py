@@ -6,8 +6,9 @@ frozen: both servers see exactly those ids. The baseline answers greedily throug
 ``/v1/completions`` (token-id prompt, logprobs returned as token ids, so the reply's ids are
 exact). Both servers then score prompt + reply with ``echo`` and ``logprobs`` (the echoed ids
 are checked against what was sent); the reply tokens' negative log-likelihoods give a per-token
-dNLL = NLL(candidate) - NLL(baseline). The decision: the bootstrap interval (over
-conversations) of the mean per-token dNLL lies within +-margin.
+dNLL = NLL(candidate) - NLL(baseline). The decision (``stats.equivalence``): pass where the
+bootstrap interval (over conversations) of the mean per-token dNLL lies within +-margin, fail
+where it lies wholly outside, inconclusive where it straddles the margin.
 
 The candidate's own greedy replies are checked for language mismatch, termination (hit
 max_tokens) and looping; paired new-failure counts are reported beside the decision.
@@ -25,7 +26,7 @@ from chatfleet.bench.tokens import EstimateCounter
 from chatfleet.bench.workload import Workload, get_profile
 from chatfleet.gate.client import GateClient, Reply
 from chatfleet.gate.reply_checks import check_reply
-from chatfleet.gate.stats import PairedTable, bootstrap_ratio_interval
+from chatfleet.gate.stats import PairedTable, bootstrap_ratio_interval, equivalence
 from chatfleet.gate.suite import SUITES, SuiteContext, SuiteResult, Verdict, error_rate_reason
 
 NAME = "roleplay"
@@ -58,8 +59,8 @@ def reply_nll(scored: Reply, sequence: list[int], prompt_len: int) -> list[float
     echoed = (scored.token_ids or [])[: len(sequence)]
     if echoed != sequence:
         return "the echoed token ids differ from the ids sent"
-    lps = scored.token_logprobs[prompt_len: len(sequence)]
-    if len(lps) != len(sequence) - prompt_len or any(lp is None for lp in lps):
+    lps = [lp for lp in scored.token_logprobs[prompt_len: len(sequence)] if lp is not None]
+    if len(lps) != len(sequence) - prompt_len:  # short, or some token without a logprob
         return "the echo has no logprob for some reply token"
     return [-float(lp) for lp in lps]
 
@@ -126,9 +127,9 @@ async def run(ctx: SuiteContext) -> SuiteResult:
 
 def decide(ctx: SuiteContext, base_items: list[dict], cand_items: list[dict]) -> SuiteResult:
     s = ctx.settings
-    errors = sum(1 for b, c in zip(base_items, cand_items)
+    errors = sum(1 for b, c in zip(base_items, cand_items, strict=True)
                  if "error" in b or "error" in c or "score_error" in b or "score_error" in c)
-    scored = [(b, c) for b, c in zip(base_items, cand_items) if "nll" in b and "nll" in c and b["nll"]]
+    scored = [(b, c) for b, c in zip(base_items, cand_items, strict=True) if "nll" in b and "nll" in c and b["nll"]]
     nums = [sum(c["nll"]) - sum(b["nll"]) for b, c in scored]
     dens = [len(b["nll"]) for b, _ in scored]
     for b, c in scored:
@@ -139,7 +140,7 @@ def decide(ctx: SuiteContext, base_items: list[dict], cand_items: list[dict]) ->
                      "reply_tokens": sum(dens), "margin": s.roleplay_margin}
     failures = {}
     for check in CHECKS:
-        both = [(b["failures"][check], c["failures"][check]) for b, c in zip(base_items, cand_items)
+        both = [(b["failures"][check], c["failures"][check]) for b, c in zip(base_items, cand_items, strict=True)
                 if "failures" in b and "failures" in c]
         # "right" here means "has no failure", so the table's gains/losses read as fixed/new failures
         table = PairedTable.from_pairs([(not x, not y) for x, y in both])
@@ -158,8 +159,8 @@ def decide(ctx: SuiteContext, base_items: list[dict], cand_items: list[dict]) ->
     if aa:
         aa_interval = bootstrap_ratio_interval([sum(x) - sum(y) for x, y in aa], [len(y) for _, y in aa],
                                                s.confidence, seed=s.seed)
-        metrics["aa"] = {"items": len(aa), "mean_dnll": sum(sum(x) - sum(y) for x, y in aa) / sum(len(y) for _, y in aa),
-                         "interval": aa_interval.to_dict()}
+        mean_dnll = sum(sum(x) - sum(y) for x, y in aa) / sum(len(y) for _, y in aa)
+        metrics["aa"] = {"items": len(aa), "mean_dnll": mean_dnll, "interval": aa_interval.to_dict()}
         if max(abs(aa_interval.low), abs(aa_interval.high)) > s.roleplay_margin / 2:
             invalid = invalid or (f"A/A: the baseline's own scores of the same tokens moved by up to "
                                   f"{max(abs(aa_interval.low), abs(aa_interval.high)):.4f} nats/token, "
@@ -169,12 +170,11 @@ def decide(ctx: SuiteContext, base_items: list[dict], cand_items: list[dict]) ->
     mean = sum(nums) / sum(dens) if sum(dens) else 0.0
     interval = bootstrap_ratio_interval(nums, dens, s.confidence, seed=s.seed)
     metrics.update(mean_dnll=mean, interval=interval.to_dict())
-    inside = -s.roleplay_margin <= interval.low and interval.high <= s.roleplay_margin
+    decision = equivalence(interval.low, interval.high, s.roleplay_margin)
+    where = {"pass": "within", "fail": "outside", "inconclusive": "straddling"}[decision]
     reason = (f"mean dNLL {mean:+.4f} nats/token, {interval.confidence:.0%} bootstrap interval "
-              f"[{interval.low:+.4f}, {interval.high:+.4f}] {'within' if inside else 'outside'} "
-              f"+-{s.roleplay_margin:g}")
-    return SuiteResult(NAME, Verdict.PASS if inside else Verdict.FAIL, reason, metrics, base_items, cand_items,
-                       rows, notes)
+              f"[{interval.low:+.4f}, {interval.high:+.4f}] {where} +-{s.roleplay_margin:g}")
+    return SuiteResult(NAME, Verdict(decision), reason, metrics, base_items, cand_items, rows, notes)
 
 
 SUITES.register(NAME)(run)

@@ -1,7 +1,8 @@
 """Run the gate: identify both servers, run the chosen suites, write the results, decide.
 
 Exit codes: 0 every suite passed, 1 some suite failed, 2 the run is invalid (a server did not
-answer, too many requests failed, or an A/A check disagreed with itself).
+answer, too many requests failed, or an A/A check disagreed with itself), 3 inconclusive: no suite
+failed, but some suite's items cannot support a decision either way (too few of them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from chatfleet.gate.suite import SUITES, Progress, SuiteContext, SuiteResult, Su
 # Importing the suites registers them.
 from chatfleet.gate import gsm8k, roleplay, tools  # noqa: F401,E402  isort: skip
 
-EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INVALID: 2}
+EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INVALID: 2, Verdict.INCONCLUSIVE: 3}
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class GateOutcome:
 
 
 def overall(results: dict[str, SuiteResult]) -> tuple[Verdict, str]:
-    for verdict in (Verdict.INVALID, Verdict.FAIL):
+    for verdict in (Verdict.INVALID, Verdict.FAIL, Verdict.INCONCLUSIVE):
         bad = [f"{n}: {r.reason}" for n, r in results.items() if r.verdict is verdict]
         if bad:
             return verdict, "; ".join(bad)

@@ -10,6 +10,11 @@ the baseline got right and ``c`` items only the candidate got right, out of ``n`
   Wilson intervals of the two marginal proportions combined with the phi correlation.
 - The exact McNemar test: two-sided binomial test of ``c`` among ``b + c`` at 1/2.
 - A percentile bootstrap of a mean over resampled units (conversations, questions).
+
+Decisions are three-way (``non_inferiority``, ``equivalence``): "pass" where the interval shows
+the candidate within the margin, "fail" where it shows the candidate beyond it, "inconclusive"
+where it straddles the margin: too few items to decide either way (two identical servers on 20
+GSM8K questions are inconclusive, not a fail).
 """
 
 from __future__ import annotations
@@ -191,3 +196,30 @@ def bootstrap_ratio_interval(numerators: Sequence[float], denominators: Sequence
 def bootstrap_mean_interval(values: Sequence[float], confidence: float = 0.95, resamples: int = 2000,
                             seed: int = 0) -> Interval:
     return bootstrap_ratio_interval(values, [1.0] * len(values), confidence, resamples, seed)
+
+
+DECISIONS = ("pass", "fail", "inconclusive")
+
+
+def non_inferiority(low: float, high: float, margin: float) -> str:
+    """Candidate minus baseline in [low, high]: 'pass' if low >= -margin (no worse than the margin),
+    'fail' if high < -margin (worse by more than the margin), else 'inconclusive'."""
+    if margin < 0 or low > high:
+        raise ConfigError(f"need margin >= 0 and low <= high, got margin={margin} [{low}, {high}]")
+    if low >= -margin:
+        return "pass"
+    if high < -margin:
+        return "fail"
+    return "inconclusive"
+
+
+def equivalence(low: float, high: float, margin: float) -> str:
+    """'pass' if [low, high] lies within +-margin, 'fail' if it lies wholly outside (above margin or
+    below -margin), else 'inconclusive'."""
+    if margin < 0 or low > high:
+        raise ConfigError(f"need margin >= 0 and low <= high, got margin={margin} [{low}, {high}]")
+    if -margin <= low and high <= margin:
+        return "pass"
+    if low > margin or high < -margin:
+        return "fail"
+    return "inconclusive"

@@ -16,6 +16,7 @@ from chatfleet.registry import Registry
 class Verdict(str, Enum):
     PASS = "pass"
     FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"  # valid, but its items cannot support a decision either way
     INVALID = "invalid"  # the run cannot decide: unreachable server, too many errors, A/A disagrees
 
 
