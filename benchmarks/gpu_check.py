@@ -1,0 +1,493 @@
+"""The prepared device check (issue 21, point 7): decode steps of an 8B-shaped Qwen3 against the
+bandwidth floor, prefill tokens/s, CUDA graphs on vs off, the engine's torch path vs the Triton
+kernels. Writes JSON and prints a table.
+
+Run from the source tree with the device's own torch and Triton (no install, no network)::
+
+    PYTHONPATH=src python benchmarks/gpu_check.py --out gpu_check.json
+    PYTHONPATH=src python benchmarks/gpu_check.py --dry-run      # CPU, tiny shape: the code paths only
+
+What it measures, for bf16 weights + bf16 KV and for FP8 block-scaled weights + FP8 KV, at
+batch 1, 8 and 32 with every sequence at a 2,048-token context (random weights built on the
+device; the token values do not matter to the time):
+
+- ``engine``: the model's forward as the engine runs it today (``paged_attention``: decode
+  groups gathered with ``index_select``; FP8 linears dequantized per call);
+- ``kernels``: the same model with its attention and its FP8 linears sent through
+  ``chatfleet.engine.kernels`` (KV store, paged decode / prefill kernels, FP8 block GEMM). The
+  runner does not call the kernels yet: this check swaps those two call sites for its own rows
+  only, and puts them back;
+- each with CUDA graphs off (eager) and on (one graph per batch size, replayed).
+
+The floor of a step is the bytes it must read (every weight but the embedding table, the
+batch's embedding rows, every sequence's KV) over the bandwidth of a device-to-device copy on
+the same card (bytes read + written per second). ``ratio`` = step time / floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from chatfleet.bench.telemetry import TelemetrySampler
+from chatfleet.engine.kernels.attention_params import AttentionParams
+from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
+from chatfleet.engine.kernels.kv_store import store_kv
+from chatfleet.engine.kernels.paged_decode import paged_decode_attention
+from chatfleet.engine.kernels.paged_prefill import paged_prefill_attention
+from chatfleet.engine.models import qwen3 as qwen3_module
+from chatfleet.engine.models.attention import AttentionMetadata, KVCache, build_attention_metadata
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
+from chatfleet.engine.models.fp8_linear import FP8, FP8Linear
+from chatfleet.engine.models.fp8_model import use_fp8_linears
+from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+
+BLOCK_SIZE = 16
+QWEN3_8B = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
+                       num_kv_heads=8, head_dim=128, max_position_embeddings=4096)
+TINY = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=32, max_position_embeddings=512)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures."""
+
+    config: Qwen3Config
+    batches: tuple[int, ...]
+    context: int
+    prefill_tokens: int
+    copy_bytes: int
+    warmup: int
+    iters: int
+    budget_s: float
+
+    @classmethod
+    def full(cls, budget_s: float) -> Plan:
+        return cls(QWEN3_8B, (1, 8, 32), 2048, 2048, 2 << 30, 3, 20, budget_s)
+
+    @classmethod
+    def dry(cls) -> Plan:
+        return cls(TINY, (1, 4), 64, 64, 4 << 20, 1, 2, 120.0)
+
+
+@dataclass
+class Row:
+    weights: str  # bf16 | fp8
+    kv: str  # bf16 | fp8
+    batch: int
+    context: int
+    path: str  # engine | kernels
+    graphs: bool
+    step_ms: float | None = None
+    floor_ms: float | None = None
+    ratio: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Report:
+    date: str
+    device: str
+    torch: str
+    triton: str | None
+    python: str
+    dry_run: bool
+    bandwidth_gbps: float | None = None
+    decode: list[Row] = field(default_factory=list)
+    prefill: list[dict[str, object]] = field(default_factory=list)
+    agreement: list[dict[str, object]] = field(default_factory=list)  # kernels vs engine logits, one step
+    telemetry: dict[str, object] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` calls after ``warmup`` (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbps(device: torch.device, nbytes: int, iters: int) -> float:
+    """Bytes read + written per second by a device-to-device copy of ``nbytes``, in GB/s."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, 2, max(iters, 5))
+    return 2 * nbytes / (ms / 1e3) / 1e9
+
+
+# ---- the model --------------------------------------------------------------------------------------
+
+
+def build_model(cfg: Qwen3Config, weights: str, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+    """Random weights, built on the device (no host copy of an 8B model)."""
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    model.to(dtype)
+    if weights == "fp8":
+        use_fp8_linears(model, FP8WeightFormat("block", (128, 128)))
+    model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.dtype == FP8:  # e4m3 codes of magnitude up to 48 (no NaN codes)
+                t.view(torch.int8).copy_(torch.randint(-100, 100, t.shape, device=device, dtype=torch.int8,
+                                                       generator=gen))
+            elif name.endswith("norm.weight"):
+                t.fill_(1.0)
+            elif ".scale_" in name or name.startswith("scale_"):
+                t.fill_(0.02 / 16)
+            else:
+                t.normal_(0.0, 0.02, generator=gen)
+    model.init_rotary()
+    return model.eval()
+
+
+def bytes_read_per_step(model: Qwen3ForCausalLM, cfg: Qwen3Config, batch: int, context: int,
+                        kv_elem_bytes: int) -> int:
+    """Every weight but the embedding table, the batch's embedding rows and its KV."""
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.startswith("embed_tokens"):
+            continue
+        total += t.numel() * t.element_size()
+    emb = model.embed_tokens.weight
+    total += batch * cfg.hidden_size * emb.element_size()
+    if cfg.tie_word_embeddings:
+        total += emb.numel() * emb.element_size()
+    total += batch * context * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * kv_elem_bytes
+    return total
+
+
+def allocate_caches(cfg: Qwen3Config, num_blocks: int, kv: str, device: torch.device,
+                    dtype: torch.dtype) -> list[KVCache]:
+    caches = []
+    for _ in range(cfg.num_layers):
+        if kv == "fp8":
+            c = KVCache.allocate(num_blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, FP8, device, 0.02, 0.02)
+            for t in (c.key, c.value):
+                t.view(torch.int8).copy_(torch.randint(-100, 100, t.shape, device=device, dtype=torch.int8))
+        else:
+            c = KVCache.allocate(num_blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+            c.key.normal_()
+            c.value.normal_()
+        caches.append(c)
+    return caches
+
+
+# ---- the kernels path: the two call sites swapped for this check's rows ----------------------------
+
+
+@dataclass
+class KernelTables:
+    """One step's block tables and lengths as the kernels take them (built once per step)."""
+
+    decode_tables: torch.Tensor | None
+    decode_lens: torch.Tensor | None
+    chunk_tables: torch.Tensor | None
+    chunk_starts: torch.Tensor | None
+    chunk_lens: torch.Tensor | None
+    max_chunk: int
+
+
+def kernel_tables(meta: AttentionMetadata, device: torch.device) -> KernelTables:
+    dec_tables = dec_lens = None
+    if meta.num_decodes:
+        rows, lens = [], []
+        width = max(g.max_blocks for g in meta.decode_groups)
+        for g in meta.decode_groups:
+            ids = g.block_ids.view(g.count, g.max_blocks)
+            rows.append(torch.nn.functional.pad(ids, (0, width - g.max_blocks)))
+            lens.append(g.mask.sum(dim=1))
+        dec_tables = torch.cat(rows).to(torch.int32)
+        dec_lens = torch.cat(lens).to(torch.int32)
+    ch_tables = ch_starts = ch_lens = None
+    max_chunk = 0
+    if meta.chunks:
+        width = max(c.block_ids.numel() for c in meta.chunks)
+        ch_tables = torch.stack([torch.nn.functional.pad(c.block_ids, (0, width - c.block_ids.numel()))
+                                 for c in meta.chunks]).to(torch.int32)
+        starts = [0]
+        for c in meta.chunks:
+            starts.append(starts[-1] + c.query_len)
+        ch_starts = torch.tensor(starts, dtype=torch.int32, device=device)
+        ch_lens = torch.tensor([c.context_len for c in meta.chunks], dtype=torch.int32, device=device)
+        max_chunk = max(c.query_len for c in meta.chunks)
+    return KernelTables(dec_tables, dec_lens, ch_tables, ch_starts, ch_lens, max_chunk)
+
+
+@contextlib.contextmanager
+def kernels_path(tables: KernelTables) -> Iterator[None]:
+    """Qwen3's attention and the FP8 linears through ``chatfleet.engine.kernels`` (full attention,
+    no window: the 8B shape's layers)."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
+                  scale: float, kernels: str = "torch", write: bool = True) -> torch.Tensor:
+        if write:
+            store_kv(k, v, cache.key, cache.value, meta.slot_mapping, cache.k_scale, cache.v_scale)
+        params = AttentionParams(scale, None, None, cache.k_scale, cache.v_scale)
+        d = meta.num_decodes
+        parts = []
+        if d:
+            assert tables.decode_tables is not None and tables.decode_lens is not None
+            parts.append(paged_decode_attention(q[:d], cache.key, cache.value, tables.decode_tables,
+                                                tables.decode_lens, params))
+        if meta.chunks:
+            assert tables.chunk_tables is not None and tables.chunk_starts is not None
+            assert tables.chunk_lens is not None
+            parts.append(paged_prefill_attention(q[d:], cache.key, cache.value, tables.chunk_tables,
+                                                 tables.chunk_starts, tables.chunk_lens, tables.max_chunk, params))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def fp8_forward(self: FP8Linear, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt.granularity != "block":
+            return original_fp8_forward(self, x)
+        x2 = x.reshape(-1, self.in_features)
+        outs = [fp8_block_linear(x2, *self.part(i), self.fmt.block) for i in range(len(self.part_sizes))]
+        y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    original_attention = qwen3_module.paged_attention
+    original_fp8_forward = FP8Linear.forward
+    qwen3_module.paged_attention = attention  # type: ignore[assignment]
+    FP8Linear.forward = fp8_forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        qwen3_module.paged_attention = original_attention
+        FP8Linear.forward = original_fp8_forward  # type: ignore[method-assign]
+
+
+# ---- one step, eager or replayed from a CUDA graph --------------------------------------------------
+
+
+def step_fn(model: Qwen3ForCausalLM, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata,
+            caches: list[KVCache], logits: bool) -> Callable[[], torch.Tensor]:
+    def step() -> torch.Tensor:
+        hidden = model(ids, pos, meta, caches)
+        return model.compute_logits(hidden) if logits else hidden
+
+    return step
+
+
+def graphed(step: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], object]:
+    """``step`` captured once into a CUDA graph (after warm-up runs on a side stream)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def decode_meta(batch: int, context: int, blocks_per_seq: int, device: torch.device) -> AttentionMetadata:
+    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+    return build_attention_metadata(BLOCK_SIZE, [context] * batch, tables, [], [], [], device)
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+
+def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
+    t_start = time.perf_counter()
+    dtype = torch.bfloat16
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    report = Report(dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), name, torch.__version__, triton_version,
+                    platform.python_version(), dry_run)
+    sampler = TelemetrySampler(use_gpu=device.type == "cuda")
+    report.telemetry["start"] = asdict(sampler.sample())
+    report.bandwidth_gbps = copy_bandwidth_gbps(device, plan.copy_bytes, plan.iters)
+    cfg = plan.config
+    blocks_per_seq = -(-(plan.context + 1) // BLOCK_SIZE)
+
+    def over_budget(what: str) -> bool:
+        if time.perf_counter() - t_start > plan.budget_s:
+            report.skipped.append(f"{what}: past the {plan.budget_s:.0f} s budget")
+            return True
+        return False
+
+    for weights, kv in (("bf16", "bf16"), ("fp8", "fp8")):
+        if over_budget(f"{weights} weights"):
+            continue
+        model = build_model(cfg, weights, device, dtype)
+        caches = allocate_caches(cfg, blocks_per_seq * max(plan.batches), kv, device, dtype)
+        kv_bytes = 1 if kv == "fp8" else 2
+        with torch.inference_mode():
+            for batch in plan.batches:
+                ids = torch.randint(0, cfg.vocab_size, (batch,), device=device)
+                pos = torch.full((batch,), plan.context - 1, dtype=torch.long, device=device)
+                meta = decode_meta(batch, plan.context, blocks_per_seq, device)
+                floor_ms = bytes_read_per_step(model, cfg, batch, plan.context, kv_bytes) / (
+                    report.bandwidth_gbps * 1e9) * 1e3
+                tables = kernel_tables(meta, device)
+                for path in ("engine", "kernels"):
+                    for graphs in (False, True):
+                        row = Row(weights, kv, batch, plan.context, path, graphs, floor_ms=floor_ms)
+                        report.decode.append(row)
+                        if over_budget(f"decode {weights} b{batch} {path} graphs={graphs}"):
+                            row.error = "skipped: budget"
+                            continue
+                        if graphs and device.type != "cuda":
+                            row.error = "skipped: no CUDA device"
+                            continue
+                        ctx = kernels_path(tables) if path == "kernels" else contextlib.nullcontext()
+                        try:
+                            with ctx:
+                                step = step_fn(model, ids, pos, meta, caches, logits=True)
+                                fn = graphed(step, device) if graphs else step
+                                row.step_ms = time_ms(fn, device, plan.warmup, plan.iters)
+                            row.ratio = row.step_ms / floor_ms
+                        except Exception as e:  # one failed row must not cost the others
+                            row.error = f"{type(e).__name__}: {e}"[:300]
+                            traceback.print_exc(file=sys.stderr)
+                report.telemetry[f"after_{weights}_b{batch}"] = asdict(sampler.sample())
+            report.agreement.append(compare_paths(model, cfg, caches, plan, weights, kv, blocks_per_seq, device))
+            for path in ("engine", "kernels"):
+                if over_budget(f"prefill {weights} {path}"):
+                    continue
+                report.prefill.append(measure_prefill(model, cfg, caches, plan, weights, kv, path, device))
+        del model, caches
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    report.telemetry["end"] = asdict(sampler.sample())
+    report.telemetry["source"] = sampler.tel.source
+    report.telemetry["max_clock_mhz"] = sampler.tel.max_clock_mhz
+    report.telemetry["seconds"] = round(time.perf_counter() - t_start, 1)
+    return report
+
+
+def compare_paths(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCache], plan: Plan, weights: str,
+                  kv: str, blocks_per_seq: int, device: torch.device) -> dict[str, object]:
+    """One decode step's logits through both paths (eager, the largest batch): how far apart."""
+    batch = max(plan.batches)
+    out: dict[str, object] = {"weights": weights, "kv": kv, "batch": batch}
+    try:
+        gen = torch.Generator(device).manual_seed(1)
+        ids = torch.randint(0, cfg.vocab_size, (batch,), device=device, generator=gen)
+        pos = torch.full((batch,), plan.context - 1, dtype=torch.long, device=device)
+        meta = decode_meta(batch, plan.context, blocks_per_seq, device)
+        engine = step_fn(model, ids, pos, meta, caches, logits=True)()
+        with kernels_path(kernel_tables(meta, device)):
+            kernels = step_fn(model, ids, pos, meta, caches, logits=True)()
+        scale = engine.abs().max().item()
+        out["max_abs_diff_over_max"] = (kernels - engine).abs().max().item() / scale if scale else None
+        out["argmax_agree"] = (kernels.argmax(-1) == engine.argmax(-1)).float().mean().item()
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        traceback.print_exc(file=sys.stderr)
+    return out
+
+
+def measure_prefill(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCache], plan: Plan, weights: str,
+                    kv: str, path: str, device: torch.device) -> dict[str, object]:
+    """One fresh prompt of ``prefill_tokens`` as a single chunk (the whole forward, logits of its last token)."""
+    n = plan.prefill_tokens
+    out: dict[str, object] = {"weights": weights, "kv": kv, "path": path, "tokens": n}
+    try:
+        ids = torch.randint(0, cfg.vocab_size, (n,), device=device)
+        pos = torch.arange(n, device=device)
+        nblocks = -(-n // BLOCK_SIZE)
+        meta = build_attention_metadata(BLOCK_SIZE, [], [], [0], [n], [list(range(nblocks))], device)
+        ctx = kernels_path(kernel_tables(meta, device)) if path == "kernels" else contextlib.nullcontext()
+        with ctx:
+            ms = time_ms(lambda: model.compute_logits(model(ids, pos, meta, caches)[-1:]), device, 1,
+                         max(2, plan.iters // 4))
+        out["ms"] = ms
+        out["tokens_per_s"] = n / (ms / 1e3)
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        traceback.print_exc(file=sys.stderr)
+    return out
+
+
+def table(report: Report) -> str:
+    lines = [f"{report.device}  torch {report.torch}  triton {report.triton}  {report.date}",
+             f"device copy: {report.bandwidth_gbps or 0:,.1f} GB/s (read + written)"]
+    lines.append(f"{'weights/kv':<11}{'batch':>6}{'ctx':>6}  {'path':<8}{'graphs':<7}{'step ms':>9}{'floor ms':>10}"
+                 f"{'x floor':>9}")
+    for r in report.decode:
+        step = f"{r.step_ms:9.3f}" if r.step_ms is not None else f"{'-':>9}"
+        ratio = f"{r.ratio:9.2f}" if r.ratio is not None else f"{'-':>9}"
+        note = f"  {r.error}" if r.error else ""
+        pair = f"{r.weights}/{r.kv}"
+        lines.append(f"{pair:<11}{r.batch:>6}{r.context:>6}  {r.path:<8}{'on' if r.graphs else 'off':<7}"
+                     f"{step}{r.floor_ms or 0:10.3f}{ratio}{note}")
+    for p in report.prefill:
+        tps = p.get("tokens_per_s")
+        shown = f"{tps:,.0f} tokens/s" if isinstance(tps, float) else str(p.get("error"))
+        lines.append(f"prefill {p['weights']}/{p['kv']} {p['path']:<8} {p['tokens']} tokens: {shown}")
+    for a in report.agreement:
+        lines.append(f"kernels vs engine {a['weights']}/{a['kv']} batch {a['batch']}: max |diff| / max "
+                     f"{a.get('max_abs_diff_over_max')}, argmax agree {a.get('argmax_agree')} {a.get('error') or ''}")
+    lines.extend(f"skipped: {s}" for s in report.skipped)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="a tiny model on CPU (or the GPU when present)")
+    ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new rows after this many seconds")
+    ap.add_argument("--device", default=None, help="default: cuda when present, else cpu (then --dry-run only)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and not args.dry_run:
+        print("no CUDA device: only --dry-run runs here", file=sys.stderr)
+        return 2
+    plan = Plan.dry() if args.dry_run else Plan.full(args.budget_s)
+    report = run(plan, device, args.dry_run)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(asdict(report), indent=1))
+    print(table(report))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
