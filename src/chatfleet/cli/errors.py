@@ -2,21 +2,31 @@
 
 ``guard`` wraps each command: a ``ChatfleetError`` prints its message; a file or network error
 prints what could not be read or reached; anything else prints its type and message, with the
-traceback only when ``CHATFLEET_DEBUG=1`` asks for it. Bad flags are click's own usage errors
-(also exit 2). ``check_port`` and ``check_reachable`` let commands fail before slow work.
+traceback only when ``CHATFLEET_DEBUG=1`` asks for it. Click's usage errors (an unknown flag, a
+value of the wrong type, a missing option) are one line too, exit 2, naming the command and
+suggesting a flag only when it is close to what was typed (``OneLineErrors``, installed on the
+app by ``guard_all``). ``check_port`` and ``check_reachable`` let commands fail before slow work.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import socket
+import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 import click
 import httpx
 import typer
+from typer.core import TyperGroup
+
+try:  # typer vendors click from 0.2x on: its usage errors are its own classes
+    from typer._click import exceptions as usage
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click import exceptions as usage  # type: ignore[no-redef]
 
 from chatfleet.errors import ChatfleetError, ConfigError
 
@@ -50,8 +60,55 @@ def guard(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
+CLOSE_ENOUGH = 0.75  # difflib ratio above which a flag is suggested for a mistyped one
+
+
+def usage_line(err: usage.UsageError) -> str:
+    """One line for a usage error: the command, what was wrong, a close flag if there is one."""
+    path = err.ctx.command_path if err.ctx is not None else "chatfleet"
+    if isinstance(err, usage.NoSuchOption):
+        close = difflib.get_close_matches(err.option_name, sorted(err.possibilities or ()), 1, CLOSE_ENOUGH)
+        what = f"no such option {err.option_name}" + (f"; did you mean {close[0]}?" if close else "")
+    else:
+        what = err.format_message().rstrip(".")
+    return f"error: {path}: {' '.join(what.split())} (see '{path} --help')"
+
+
+class OneLineErrors(TyperGroup):
+    """The top-level group: click's usage errors end in one ``error:`` line and exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,  # type: ignore[override]
+             **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except usage.NoArgsIsHelpError as err:  # bare `chatfleet`: its help, as before
+            click.echo(err.format_message())
+            rv = 0
+        except usage.UsageError as err:
+            if not standalone_mode:
+                raise
+            click.echo(usage_line(err), err=True)
+            sys.exit(err.exit_code)
+        except usage.ClickException as err:
+            if not standalone_mode:
+                raise
+            click.echo(f"error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 def guard_all(app: typer.Typer) -> None:
-    """Wrap every command of ``app`` and of its sub-groups with ``guard``."""
+    """Wrap every command of ``app`` and of its sub-groups with ``guard``; the app's usage errors
+    become one line (``OneLineErrors``)."""
+    if app.info.cls in (None, TyperGroup) or isinstance(app.info.cls, typer.models.DefaultPlaceholder):
+        app.info.cls = OneLineErrors
     for info in app.registered_commands:
         if info.callback is not None and not getattr(info.callback, "__wrapped__", None):
             info.callback = guard(info.callback)
