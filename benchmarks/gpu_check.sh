@@ -41,14 +41,14 @@ if ! "$PY" -c "import pytest" 2>/dev/null && [[ -d "$SITE" ]]; then
   export PYTHONPATH="$PYTHONPATH:$PWD/$SITE"
 fi
 if "$PY" -c "import pytest" 2>/dev/null; then
-  echo "== cuda tests (limit 150 s)"
-  timeout 150 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" -m cuda tests/engine/kernels \
+  echo "== cuda tests (limit 120 s)"
+  timeout 120 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" -m cuda tests/engine/kernels \
     --junitxml="$OUT_DIR/gpu_check_tests.xml" 2>&1 | tail -40
   echo "cuda tests exit status: ${PIPESTATUS[0]}"
 else
   echo "== cuda tests skipped: no pytest on this machine (bash benchmarks/gpu_check.sh --vendor-pytest first)"
 fi
 
-echo "== gpu_check.py (limit 330 s)"
-timeout 330 "$PY" benchmarks/gpu_check.py --budget-s 270 --out "$OUT_DIR/gpu_check.json"
+echo "== gpu_check.py (limit 300 s; no new row after 240 s)"
+timeout 300 "$PY" benchmarks/gpu_check.py --budget-s 240 --out "$OUT_DIR/gpu_check.json"
 echo "gpu_check.py exit status: $?"
