@@ -76,7 +76,7 @@ def main() -> None:
                     help="1: one replica alone; N > 1: a fleet of N behind the gateway's routing")
     ap.add_argument("--token-scale", type=int, nargs="+", default=[1])
     ap.add_argument("--decode-spans", nargs="+", default=["on"], choices=["on", "off"],
-                    help="run plain decode steps through plan/decode_span.py (same results) or the engine's step")
+                    help="run plain decode steps through engine/decode_span.py (same results) or the engine's step")
     ap.add_argument("--out", default="benchmarks/results/plan_speed.json")
     args = ap.parse_args()
     gpu = load_catalog().get(args.gpu)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from chatfleet.engine.outputs import RequestOutput
+from chatfleet.engine.stats import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -81,7 +81,7 @@ class _StatsCollector(Collector):
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self.stats: Any = None
+        self.stats: EngineStats | None = None
         self.alive = True
         self.open_streams = 0
 
@@ -140,7 +140,7 @@ class ServerMetrics:
     def request_rejected(self, status_code: int) -> None:
         self._rejected.labels(self.model_name, str(status_code)).inc()
 
-    def render(self, stats: Any, *, alive: bool, open_requests: int) -> bytes:
+    def render(self, stats: EngineStats | None, *, alive: bool, open_requests: int) -> bytes:
         """Prometheus text, with gauges and engine totals from ``stats`` (may be None)."""
         self._stats.stats = stats
         self._stats.alive = alive
