@@ -1,4 +1,4 @@
-"""The knee's spread over repeats, and the tuned engine's flags from what the engine accepts."""
+"""The knee's spread over repeats, and the tuned engine's flags from the fields its config has."""
 
 from types import SimpleNamespace
 
@@ -26,7 +26,7 @@ def test_knee_per_repeat_is_the_highest_load_passing_with_all_lower_ones():
 
 
 def test_missing_techniques_are_named_not_dropped(monkeypatch):
-    monkeypatch.setattr(techniques, "engine_flags", lambda: frozenset({"--max-running"}))
+    monkeypatch.setattr(techniques, "engine_fields", lambda: frozenset({"scheduler.max_running"}))
     a = engine_args(TECHNIQUES, TechniqueSettings(max_running=3), ("--kv-cache-tokens", "2048"))
     assert a.args == ("--kv-cache-tokens", "2048", "--max-running", "3")
     assert a.applied == ("cap",) and set(a.missing) == {"host_tier", "session_eviction", "lpm"}
@@ -34,9 +34,9 @@ def test_missing_techniques_are_named_not_dropped(monkeypatch):
 
 
 def test_techniques_the_engine_accepts_become_flags(monkeypatch):
-    flags = {"--max-running", "--host-cache-memory", "--eviction-policy", "--host-eviction-policy",
-             "--scheduling-policy", "--max-queue-delay"}
-    monkeypatch.setattr(techniques, "engine_flags", lambda: frozenset(flags))
+    fields = {"scheduler.max_running", "cache.host_memory_bytes", "cache.eviction_policy",
+              "cache.host_eviction_policy", "scheduler.policy", "scheduler.max_queue_delay"}
+    monkeypatch.setattr(techniques, "engine_fields", lambda: frozenset(fields))
     monkeypatch.setattr(techniques, "_policy_known", lambda kind, name: True)
     a = engine_args(TECHNIQUES, TechniqueSettings(host_cache_memory="64MiB", max_queue_delay_s=1.5))
     assert a.missing == () and a.applied == TECHNIQUES
@@ -48,5 +48,7 @@ def test_techniques_the_engine_accepts_become_flags(monkeypatch):
         engine_args(("turbo",), TechniqueSettings())
 
 
-def test_engine_flags_read_from_the_engine_command():
-    assert {"--kv-cache-tokens", "--max-running", "--no-prefix-cache"} <= techniques.engine_flags()
+def test_engine_fields_read_from_the_engine_config():
+    assert {"cache.num_tokens", "scheduler.max_running", "cache.enable_prefix_caching"} <= techniques.engine_fields()
+    tuned = engine_args(TECHNIQUES, TechniqueSettings())
+    assert tuned.missing == () and tuned.applied == TECHNIQUES  # this build has every technique

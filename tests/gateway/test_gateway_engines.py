@@ -13,7 +13,8 @@ import openai
 import pytest
 from gateway_helpers import wait_for
 
-from chatfleet.testing.engines import Fleet, FleetConfig
+from chatfleet.engine.launcher import Fleet, FleetConfig
+from chatfleet.models.tiny import resolve_model
 
 CARD = ("You are Captain Mira Vance of the starship Meridian. You speak in short, vivid sentences, "
         "you love old star charts, and you never reveal the ship's secret cargo. ") * 3
@@ -23,7 +24,8 @@ FORCE = {"ignore_eos": True, "temperature": 0.0}
 @pytest.fixture(scope="module")
 def fleet():
     fleet = Fleet(FleetConfig(replicas=2, model="tiny", threads_per_replica=1, engine_args=(
-        "--kv-cache-tokens", "8192", "--max-model-len", "2048", "--max-batched-tokens", "256")))
+        "--kv-cache-tokens", "8192", "--max-model-len", "2048", "--max-batched-tokens", "256")),
+        prepare_model=resolve_model)
     with fleet:
         yield fleet
 

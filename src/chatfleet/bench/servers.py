@@ -1,5 +1,5 @@
 """The servers a demo or capacity run compares, each as a ``SeriesSpec`` started through the
-project's one engine launcher (``chatfleet.testing.engines``).
+project's one engine launcher (``chatfleet.engine.launcher``).
 
 A chatfleet series is `chatfleet engine` with flags; a vLLM series is vLLM's CPU build from its
 own virtual environment (see DESIGN.md) at the same device KV budget and dtype, started with
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatfleet.bench.techniques import EngineArgs
+from chatfleet.engine.launcher import Fleet, FleetConfig
 from chatfleet.errors import ConfigError
-from chatfleet.testing.engines import Fleet, FleetConfig
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_VLLM_PYTHON = REPO / "benchmarks" / ".venv-vllm" / "bin" / "python"
@@ -43,13 +43,13 @@ class SeriesSpec:
         return "vllm" if self.kind == "vllm" else "chatfleet"
 
     @classmethod
-    def chatfleet(cls, name: str, model: str, engine: EngineArgs, threads: int) -> "SeriesSpec":
+    def chatfleet(cls, name: str, model: str, engine: EngineArgs, threads: int) -> SeriesSpec:
         return cls(name, "chatfleet", model, engine.args, threads, model, techniques=engine.applied,
                    missing=engine.missing)
 
     @classmethod
     def vllm(cls, name: str, model_dir: Path, kv_bytes: int, pool_tokens: int, threads: int,
-             python: Path | None = None, dtype: str = "float32") -> "SeriesSpec":
+             python: Path | None = None, dtype: str = "float32") -> SeriesSpec:
         python = Path(python) if python else DEFAULT_VLLM_PYTHON
         if not python.exists():
             raise ConfigError(f"vLLM's CPU build is not installed at {python} "
@@ -85,6 +85,13 @@ class _VLLMProcess(Fleet):
                 "--host", cfg.host, "--port", str(port), *self.args]
 
 
+def _built_in(model: str) -> None:
+    """Build a built-in model ('tiny', 'small') once before its engine starts."""
+    from chatfleet.models.tiny import resolve_model
+
+    resolve_model(model)
+
+
 @contextlib.contextmanager
 def start_server(series: SeriesSpec, log_dir: Path, startup_timeout_s: float = 600.0) -> Iterator[str]:
     """Start the series' server, yield its URL, stop it however the block ends."""
@@ -92,7 +99,7 @@ def start_server(series: SeriesSpec, log_dir: Path, startup_timeout_s: float = 6
                       engine_args=series.args if series.kind == "chatfleet" else (),
                       extra_env=dict(series.env), log_dir=Path(log_dir), log_name=f"server-{series.name}",
                       startup_timeout_s=startup_timeout_s)
-    fleet = Fleet(cfg) if series.kind == "chatfleet" else _VLLMProcess(cfg, series.python or Path(sys.executable),
+    fleet = Fleet(cfg, prepare_model=_built_in) if series.kind == "chatfleet" else _VLLMProcess(cfg, series.python or Path(sys.executable),
                                                                        series.args)
     with fleet:
         yield fleet.url

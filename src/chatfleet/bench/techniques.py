@@ -1,17 +1,18 @@
 """The warm-cache techniques a tuned engine adds to a stock one, as `chatfleet engine` flags.
 
 Stock is the engine as it ships: prefix cache on, chunked prefill on, no cap beyond the default,
-LRU eviction, FCFS scheduling, no host tier. Each technique is a set of flags; one the installed
-engine does not accept yet (its flag or policy name is unknown) is reported as missing rather
+LRU eviction, FCFS scheduling, no host tier. Each technique sets ``EngineConfig`` fields
+(``scheduler.max_running``, ``cache.host_memory_bytes``, ``scheduler.policy`` ...), written as
+those fields' flags from ``engine/argv.py``'s table; one the installed engine lacks (its field,
+read from the config dataclasses, or its policy name is unknown) is reported as missing rather
 than silently dropped, so a demo or benchmark says exactly what its "tuned" series ran with.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from functools import lru_cache
 
+from chatfleet.engine.argv import field_paths, flag_for
 from chatfleet.errors import ConfigError
 
 TECHNIQUES = ("cap", "host_tier", "session_eviction", "lpm")
@@ -43,15 +44,10 @@ class EngineArgs:
         return got + (f" (not in this engine yet: {', '.join(self.missing)})" if self.missing else "")
 
 
-@lru_cache(maxsize=1)
-def engine_flags() -> frozenset[str]:
-    """Every option name `chatfleet engine` accepts (read from the command's own signature)."""
-    from chatfleet.cli.engine_cmd import engine
-
-    names: set[str] = set()
-    for param in inspect.signature(engine).parameters.values():
-        names.update(d for d in getattr(param.default, "param_decls", ()) or () if d.startswith("--"))
-    return frozenset(names)
+def engine_fields() -> frozenset[str]:
+    """Every ``EngineConfig`` field this engine build has, as ``section.name`` (``cache.num_tokens``),
+    read from the config dataclasses themselves."""
+    return frozenset(p for p in field_paths() if p.split(".")[0] in ("engine", "cache", "scheduler"))
 
 
 def _policy_known(kind: str, name: str) -> bool:
@@ -59,34 +55,40 @@ def _policy_known(kind: str, name: str) -> bool:
         from chatfleet.engine.kv.eviction import EVICTION_POLICIES
 
         return name in EVICTION_POLICIES
-    from chatfleet.engine import scheduling_policy
+    from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
 
-    registry = scheduling_policy.SCHEDULING_POLICIES
-    return name in registry
+    return name in SCHEDULING_POLICIES
+
+
+def _settings(name: str, s: TechniqueSettings) -> tuple[tuple[str, str], ...]:
+    """A technique's ``(field path, flag value)`` pairs; the first is the one it needs."""
+    if name == "cap":
+        return (("scheduler.max_running", str(s.max_running)),)
+    if name == "host_tier":
+        return (("cache.host_memory_bytes", s.host_cache_memory),)
+    if name == "session_eviction":
+        return (("cache.eviction_policy", "session"), ("cache.host_eviction_policy", "session"))
+    if name == "lpm":
+        return (("scheduler.policy", "lpm"), ("scheduler.max_queue_delay", f"{s.max_queue_delay_s:g}"))
+    raise ConfigError(f"unknown technique {name!r}; valid: {', '.join(TECHNIQUES)}")
 
 
 def technique_flags(name: str, s: TechniqueSettings) -> tuple[str, ...] | None:
-    """The flags of one technique, or None when this engine build does not accept them."""
-    flags = engine_flags()
-    if name == "cap":
-        return ("--max-running", str(s.max_running))
-    if name == "host_tier":
-        return ("--host-cache-memory", s.host_cache_memory) if "--host-cache-memory" in flags else None
-    if name == "session_eviction":
-        if "--eviction-policy" not in flags or not _policy_known("eviction", "session"):
-            return None
-        out = ["--eviction-policy", "session"]
-        if "--host-eviction-policy" in flags:
-            out += ["--host-eviction-policy", "session"]
-        return tuple(out)
-    if name == "lpm":
-        if "--scheduling-policy" not in flags or not _policy_known("scheduling", "lpm"):
-            return None
-        out = ["--scheduling-policy", "lpm"]
-        if "--max-queue-delay" in flags:
-            out += ["--max-queue-delay", f"{s.max_queue_delay_s:g}"]
-        return tuple(out)
-    raise ConfigError(f"unknown technique {name!r}; valid: {', '.join(TECHNIQUES)}")
+    """The flags of one technique, or None when this engine build lacks the field it needs (or
+    the policy it names); optional fields the build lacks are left out."""
+    fields = engine_fields()
+    settings = _settings(name, s)
+    (needed, _), *_rest = settings
+    if needed not in fields:
+        return None
+    policy = {"session_eviction": ("eviction", "session"), "lpm": ("scheduling", "lpm")}.get(name)
+    if policy is not None and not _policy_known(*policy):
+        return None
+    out: list[str] = []
+    for path, value in settings:
+        if path in fields:
+            out += [flag_for(path).name, value]
+    return tuple(out)
 
 
 def engine_args(techniques: tuple[str, ...], settings: TechniqueSettings, base: tuple[str, ...] = ()) -> EngineArgs:

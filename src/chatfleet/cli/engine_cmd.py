@@ -6,8 +6,9 @@ import typer
 
 from chatfleet.cli.errors import check_port
 from chatfleet.engine.api.options import API_KEY_ENV, ServerOptions
+from chatfleet.engine.argv import EngineServer
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
-from chatfleet.engine.memory_check import check_kv_fits
+from chatfleet.engine.serve import serve_engine
 from chatfleet.errors import ChatfleetError
 
 _E, _C, _S, _O = EngineConfig(), CacheConfig(), SchedulerConfig(), ServerOptions()
@@ -141,19 +142,13 @@ def engine(
                 lpm_host_weight=lpm_host_weight,
             ),
         )
-        check_port(host, port)
-        check_kv_fits(config.cache.memory_bytes or 0, config.cache.host_memory_bytes, config.device)
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
-        from chatfleet.engine.api.server import run_server
-
         options = ServerOptions(
             max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
             api_keys=ServerOptions.keys_from(api_key), enable_admin_api=enable_admin_api,
         )
-        run_server(config, host=host, port=port, log_level=log_level, options=options)
+        server = EngineServer(host=host, port=port, log_level=log_level, options=options)
+        check_port(host, port)
+        serve_engine(config, server)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(2) from None

@@ -135,7 +135,8 @@ def serve(
     """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
     from chatfleet.gateway.app import run_gateway
     from chatfleet.gateway.supervisor import ReplicaSupervisor
-    from chatfleet.testing.engines import Fleet, FleetConfig
+    from chatfleet.engine.launcher import Fleet, FleetConfig
+    from chatfleet.models.tiny import resolve_model
 
     try:
         prof = load_profile(profile) if profile else Profile()
@@ -165,7 +166,7 @@ def serve(
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
-    fleet = Fleet(fleet_config)
+    fleet = Fleet(fleet_config, prepare_model=resolve_model)
     supervisor = None
     try:
         urls = fleet.start()

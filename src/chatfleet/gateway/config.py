@@ -8,7 +8,7 @@ A profile is a YAML file with up to three sections; every key is optional::
       replicas:
         - http://127.0.0.1:8001
         - {url: http://127.0.0.1:8002, max_in_flight: 16}
-    serve:              # `chatfleet serve` only (see testing.engines.FleetConfig)
+    serve:              # `chatfleet serve` only (see engine/launcher.py FleetConfig)
       replicas: 2
       model: tiny
     engine:             # `chatfleet serve` only: extra `chatfleet engine` flags

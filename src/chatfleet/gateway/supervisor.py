@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from chatfleet.errors import ConfigError
-from chatfleet.testing.engines import Fleet
+from chatfleet.engine.launcher import Fleet
 
 log = logging.getLogger("chatfleet.gateway")
 

@@ -48,7 +48,8 @@ class ModelCost:
 
     @classmethod
     def from_breakdown(cls, b: MemoryBreakdown, config: Mapping[str, Any]) -> ModelCost:
-        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+        nested = config.get("text_config")
+        text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else config
         heads = int(text.get("num_attention_heads") or 1)
         head_dim = int(text.get("head_dim") or int(text.get("hidden_size") or heads) // heads)
         linear = {c.tensor_class: c.num_params for c in b.classes if not c.skipped}

@@ -60,13 +60,15 @@ def replica_plan(config: dict[str, Any], gpu: GpuSpec, s: ServingConfig, *, effi
     assert b.pool is not None
     k = token_scale
     num_blocks = b.pool.pools[0].num_blocks // k  # the engine's pool (one block table for all groups)
-    host_blocks = b.kv_spec.plan_pools(memory_bytes=s.host_cache_bytes).pools[0].num_blocks // k if s.host_cache_bytes else 0
+    host_blocks = 0
+    if s.host_cache_bytes:
+        host_blocks = b.kv_spec.plan_pools(memory_bytes=s.host_cache_bytes).pools[0].num_blocks // k
     if num_blocks < 1:
         raise ConfigError(f"the KV pool holds under one block at token scale {k}")
     cache = CacheConfig(block_size=s.block_size, num_tokens=num_blocks * s.block_size,
                         eviction_policy=s.eviction_policy, host_memory_bytes=s.host_cache_bytes)
     sched = s.scheduler
-    engine = EngineConfig(model="simulated", max_model_len=min(b.max_position_embeddings // k, num_blocks * s.block_size),
-                          cache=cache, scheduler=sched)
+    max_model_len = min(b.max_position_embeddings // k, num_blocks * s.block_size)
+    engine = EngineConfig(model="simulated", max_model_len=max_model_len, cache=cache, scheduler=sched)
     cost = StepCostModel(ModelCost.from_breakdown(b, config), gpu, efficiency, token_scale=k)
     return ReplicaPlan(engine, num_blocks, host_blocks, cost, fast, k)

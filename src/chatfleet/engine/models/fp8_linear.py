@@ -1,11 +1,11 @@
 """FP8 weights: quantize, dequantize, and a linear layer that keeps its weight in FP8.
 
-``FP8Weight`` is one matrix ``[out, in]`` (or a stack ``[E, out, in]`` of expert matrices) in
+An FP8 weight is one matrix ``[out, in]`` (or a stack ``[E, out, in]`` of expert matrices) in
 e4m3 with float32 scales laid out as the checkpoint format says (``fp8_format.py``): block-wise
 ``[ceil(out/bo), ceil(in/bi)]`` (edge tiles are partial), per-tensor ``[]`` or per-channel
 ``[out, 1]``. ``weight ~= fp8 * scale``.
 
-``FP8Linear`` holds one ``FP8Weight`` per *part* (q/k/v of a fused projection keep their own
+``FP8Linear`` holds one FP8 weight per *part* (q/k/v of a fused projection keep their own
 scales: their row counts need not be multiples of the block) and computes ``x W^T + b`` by
 dequantizing its parts into one shared workspace in the activation dtype and calling
 ``F.linear``: only one layer's weight is ever dequantized at a time. On CUDA, parts with
@@ -112,6 +112,8 @@ class FP8Linear(nn.Module):
 
     Buffers ``weight_{i}`` (e4m3 ``[out_i, in]``) and ``scale_{i}`` (float32) per part ``i``.
     """
+
+    weight_0: torch.Tensor  # the first part's buffer (every layer has one), declared for the type checker
 
     def __init__(self, in_features: int, part_sizes: list[int], fmt: FP8WeightFormat, bias: bool = False,
                  dtype: torch.dtype = torch.float32, workspace: Workspace | None = None) -> None:
