@@ -11,9 +11,9 @@ engine's output counts. Everything else (tokens on the requests, the engine's an
 counters) is written only at ``commit``, so a step costs O(1) plus the few requests that fill a
 block or finish in it.
 
-A span stays open across steps: its owner (``plan/sim_replica.py``) calls ``step`` once per engine step, each at the
-step's own time on the event loop (other coroutines and replicas run in between exactly as
-before), checking ``still_plain()`` first (nothing added, aborted or waiting that it cannot
+A span stays open across steps: its owner (``plan/sim_replica.py``) calls ``step`` once per
+engine step, each at the step's own time on the event loop (other coroutines and replicas run in
+between exactly as before), checking ``still_plain()`` first (nothing added, aborted or waiting that it cannot
 admit), and ``commit``s before anything else reads the requests (the scheduler's next real step).
 A span starts only where the scheduler itself would plan exactly that step: every running
 request a lane (one token behind) or, where the owner says all its requests are plain, mid-prefill;
@@ -34,9 +34,10 @@ skips admission where it provably admits nothing (``_head_blocked``), so a long 
 nothing per step. Lanes that finished are dropped as others join: a span may last the hour.
 
 The step costs are the cost model's own: its O(1) ``decode_cost`` (``batch_cost`` with prefill
-chunks) when it has one, else ``charge(plan)`` on the plan built here (tests compare those plans
-with the engine's, ``tests/engine/test_decode_span.py``). A span runs only over the single-pool
-KV manager (``PagedKVManager``) and a ``SimRunner`` in fast mode.
+chunks) when it has one, else ``charge(plan)`` on the plan built here (``tests/plan/test_simulator.py``
+compares those plans with the engine's; ``tests/engine/test_decode_span.py`` the records of runs
+with spans on and off). A span runs only over the single-pool KV manager (``PagedKVManager``)
+and a ``SimRunner`` in fast mode.
 """
 
 from __future__ import annotations
