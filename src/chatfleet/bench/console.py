@@ -151,6 +151,11 @@ def sweep_table(res: SweepResult, title: str) -> Table:
     return t
 
 
+def reset_notes(res: SweepResult) -> list[str]:
+    """Once each: why runs went without a verified cache reset (e.g. a gateway in front)."""
+    return list(dict.fromkeys(r.reset.note for p in res.points for r in p.runs if r.reset.method == "not-reset"))
+
+
 def undecided_lines(res: SweepResult) -> list[str]:
     """Why each undecided point stayed so: the straddling interval and what would decide it."""
     targets = {tg.key: tg for tg in parse_slo(res.slo).targets}

@@ -4,6 +4,12 @@ The reset is verified with a probe: a unique prompt is sent twice (the second ti
 hit), the cache is reset, and the prompt is sent again: it must now report no cached tokens,
 read from ``usage.prompt_tokens_details.cached_tokens`` or, when the server does not report
 it, from the ``vllm:prefix_cache_hits`` counter. Anything else fails loudly.
+
+Behind a chatfleet gateway (``chatfleet serve``, ``chatfleet gateway``: it answers
+``/gateway/status``) that does not pass the reset on to its replicas, the run goes ahead without
+one and says so (``ResetCheck.method == "not-reset"``, ``GATEWAY_NOTE``): what is verified (the
+replies, their timing and the hit rates the replicas report) and what is not (that each run
+starts from an empty cache), never a hint about engine flags the gateway cannot act on.
 """
 
 from __future__ import annotations
@@ -21,10 +27,20 @@ RESET_PATHS = {"chatfleet": "/reset_prefix_cache", "vllm": "/reset_prefix_cache"
 SERVER_KINDS = (*RESET_PATHS, "none")
 
 
+GATEWAY_NOTE = ("{url} is a chatfleet gateway, which does not pass a prefix-cache reset on to its replicas: "
+                "runs were not reset, so each starts with the cache the previous one left (early turns may hit "
+                "more than from cold). Verified: every reply, its timing and the hit rates the replicas report. "
+                "Not verified: a cold start per run; for that, bench each replica's own URL")
+
+
 class ResetError(ChatfleetError):
     """The server's prefix cache could not be reset, or the reset could not be verified."""
 
     error_type = "reset_error"
+
+
+class GatewayCannotReset(ResetError):
+    """The URL is a chatfleet gateway that does not forward the reset."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,17 @@ class ServerControl:
         self.ep = Endpoint.parse(url)
         self.model, self.kind = model, kind
         self.http = httpx.AsyncClient(timeout=timeout_s, headers=headers or {})
+        self._gateway: bool | None = None
+
+    async def is_gateway(self) -> bool:
+        """Is the URL a chatfleet gateway (it serves ``/gateway/status``)? Asked once."""
+        if self._gateway is None:
+            try:
+                r = await self.http.get(self.ep.origin + "/gateway/status")
+                self._gateway = r.status_code == 200 and isinstance(r.json(), dict) and "replicas" in r.json()
+            except (httpx.HTTPError, ValueError):
+                self._gateway = False
+        return self._gateway
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -81,8 +108,8 @@ class ServerControl:
 
     async def probe(self, text: str) -> int | None:
         """Send ``text`` as a one-token chat; returns the cached tokens it reports (None: unreported)."""
-        body = {"model": self.model, "messages": [{"role": "system", "content": text}, {"role": "user", "content": "ok"}],
-                "max_tokens": 1, "temperature": 0.0, "stream": False}
+        body = {"model": self.model, "max_tokens": 1, "temperature": 0.0, "stream": False,
+                "messages": [{"role": "system", "content": text}, {"role": "user", "content": "ok"}]}
         r = await self.http.post(self.ep.url("/v1/chat/completions"), json=body)
         if r.status_code != 200:
             raise ResetError(f"probe request failed with HTTP {r.status_code}: {r.text[:300]}")
@@ -105,6 +132,8 @@ class ServerControl:
             r = await self.http.post(self.ep.origin + path)
         except httpx.HTTPError as e:
             raise ResetError(f"prefix-cache reset {path} failed: {e}") from e
+        if r.status_code == 404 and await self.is_gateway():
+            raise GatewayCannotReset(GATEWAY_NOTE.format(url=self.ep.origin))
         if r.status_code != 200:
             hint = {"vllm": " (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)",
                     "chatfleet": " (start the chatfleet engine with --enable-admin-api for it)"}.get(self.kind, "")
@@ -121,12 +150,18 @@ class ServerControl:
         if self.kind == "none":
             return ResetCheck("none", "skipped", None, None, "server kind 'none': no reset")
         if not verify:
-            await self.reset()
+            try:
+                await self.reset()
+            except GatewayCannotReset as e:
+                return ResetCheck(self.kind, "not-reset", None, None, e.message)
             return ResetCheck(self.kind, "skipped", None, None, "reset sent, verification turned off")
         text = f"cache probe {uuid.uuid4().hex} " + " ".join(f"w{i} {uuid.uuid4().hex[:6]}" for i in range(64))
         await self.probe(text)
         cached1, hits1 = await self._probe_hits(text)
-        await self.reset()
+        try:
+            await self.reset()
+        except GatewayCannotReset as e:
+            return ResetCheck(self.kind, "not-reset", cached1, None, e.message)
         cached2, hits2 = await self._probe_hits(text)
         if cached1 is not None and cached2 is not None:
             if cached2 > 0:

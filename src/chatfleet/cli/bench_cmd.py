@@ -126,6 +126,8 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
 
     res = SweepResult(mode, slo, [point], level if point.passed else None, not point.passed)
     out.print(f"SLO at load {level:g}: [bold]{ui.VERDICT_TEXT[point.verdict]}[/]")
+    for note in ui.reset_notes(res):
+        out.print(f"[yellow]note:[/] {note}", highlight=False)
     for line in ui.undecided_lines(res):
         out.print(line, highlight=False)
     doc = result_document("bench", _settings(url=url, model=client.model, profile=get_profile(profile),
@@ -168,6 +170,8 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
     out.print(ui.sweep_table(res, f"sweep against {url} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"knee: [bold]{knee}[/]")
+    for note in ui.reset_notes(res):
+        out.print(f"[yellow]note:[/] {note}", highlight=False)
     for line in ui.undecided_lines(res):
         out.print(line, highlight=False)
     shown = next((p for p in res.points if p.level == res.knee), res.points[-1] if res.points else None)
