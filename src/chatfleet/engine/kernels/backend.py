@@ -43,6 +43,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def reference_forced() -> bool:
+    """Whether ``CHATFLEET_KERNELS=torch`` asks every ``auto`` call for the reference."""
+    return os.environ.get(ENV_OVERRIDE) == "torch"
+
+
 def resolve_backend(requested: str, tensors: tuple[torch.Tensor, ...], why_not: str | None = None) -> str:
     """``"torch"`` or ``"triton"`` for a call on ``tensors``.
 
@@ -53,7 +58,7 @@ def resolve_backend(requested: str, tensors: tuple[torch.Tensor, ...], why_not: 
         raise ConfigError(f"unknown kernel backend {requested!r}; valid: {', '.join(BACKENDS)}")
     if requested == "torch":
         return "torch"
-    if requested == "auto" and os.environ.get(ENV_OVERRIDE) == "torch":
+    if requested == "auto" and reference_forced():
         return "torch"
     reason = why_not
     if reason is None and not triton_available():

@@ -6,8 +6,9 @@ bk)`` (the ``[128, 128]`` format of DeepSeek-V3 and Qwen3-FP8, edge tiles partia
 reads the FP8 weight as it is stored (half the bytes of a bfloat16 weight: a decode step's
 linears are bound by those bytes for M up to about 64), widens each tile to x's dtype, and
 applies the tile's scale to its float32 partial product: it never writes a dequantized weight.
-Above ``SMALL_M`` rows the product is compute-bound and the reference's one dequantization is
-amortised, so ``auto`` takes the reference there.
+Above ``SMALL_M`` rows the product is compute-bound: on CUDA ``auto`` tries cuBLAS's FP8 GEMM
+with 1x128 / 128x128 block scaling (``fp8_scaled_mm.py``, checked against the reference on its
+first call), and otherwise takes the reference, whose one dequantization is amortised there.
 
 Reference: the engine's ``dequantize_weight`` then ``F.linear`` (what ``FP8Linear`` does for
 block scales today). Per-tensor and per-channel scales are not this kernel's: ``FP8Linear``
@@ -19,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from chatfleet.engine.kernels.backend import interpreting, resolve_backend
+from chatfleet.engine.kernels.backend import interpreting, reference_forced, resolve_backend
+from chatfleet.engine.kernels.fp8_scaled_mm import can_use, scaled_mm_block, verified
 from chatfleet.engine.models.fp8_format import FP8WeightFormat, ceil_div
 from chatfleet.engine.models.fp8_linear import FP8, dequantize_weight
 
@@ -55,6 +57,11 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     x2 = x.reshape(-1, x.shape[-1])
     why_not = unsupported_reason(x2, weight, scale, block)
     if why_not is None and backend == "auto" and x2.shape[0] > SMALL_M:
+        if can_use(x2, weight, block) and not reference_forced():
+            check = None if verified() else fp8_block_linear_reference(x2, weight, scale, block)
+            y = scaled_mm_block(x2, weight, scale, check)
+            if y is not None:
+                return (y if bias is None else y + bias).view(*x.shape[:-1], weight.shape[0])
         why_not = f"M = {x2.shape[0]} > {SMALL_M}: compute-bound, dequantize once"
     if resolve_backend(backend, (x2, weight, scale), why_not) == "torch":
         return fp8_block_linear_reference(x, weight, scale, block, bias)
