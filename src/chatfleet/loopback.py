@@ -32,7 +32,7 @@ class ServerThread:
         self.host = host
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        kw = {"log_level": "warning", "access_log": False, "lifespan": "on", "backlog": 8192}
+        kw: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on", "backlog": 8192}
         kw.update(uvicorn_kw)
         self.server = uvicorn.Server(uvicorn.Config(app, **kw))
         self.thread = threading.Thread(

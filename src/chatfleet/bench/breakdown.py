@@ -43,7 +43,7 @@ class GroupStats:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GroupStats":
+    def from_dict(cls, d: dict) -> GroupStats:
         return cls(**d)
 
 
@@ -76,8 +76,8 @@ def _group(key: str, order: float, recs: list[RequestRecord]) -> GroupStats:
     ok_ttfts = [t for t in ttfts if t != inf]
     rates = [h for h in (request_hit_rate(r) for r in recs) if h is not None]
     reported = [r for r in recs if request_hit_rate(r) is not None]
-    prompt = sum(r.prompt_tokens for r in reported)
-    cached = sum(r.cached_tokens for r in reported)
+    prompt = sum(r.prompt_tokens or 0 for r in reported)  # both reported (request_hit_rate)
+    cached = sum(r.cached_tokens or 0 for r in reported)
     return GroupStats(
         key=key,
         order=order,
@@ -123,7 +123,7 @@ class Breakdown:
         return {"by_turn": [g.to_dict() for g in self.by_turn], "by_pause": [g.to_dict() for g in self.by_pause]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Breakdown":
+    def from_dict(cls, d: dict) -> Breakdown:
         return cls([GroupStats.from_dict(g) for g in d.get("by_turn", [])],
                    [GroupStats.from_dict(g) for g in d.get("by_pause", [])])
 

@@ -31,7 +31,7 @@ class Language:
     sentences: dict  # kind -> list of patterns
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_language(code: str) -> Language:
     if code not in LANGUAGES:
         raise ConfigError(f"unknown language {code!r}; valid: {', '.join(LANGUAGES)}")

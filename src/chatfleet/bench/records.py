@@ -39,7 +39,7 @@ class RequestRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RequestRecord":
+    def from_dict(cls, d: dict) -> RequestRecord:
         return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
     def slo_values(self) -> dict:

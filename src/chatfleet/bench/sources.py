@@ -31,16 +31,18 @@ class WorkloadSource:
         """A seed -> workload function (cards built per seed; traces read once)."""
         counter = load_counter(self.tokenizer)
         scripted = self.history == "trace"
-        if self.trace or self.sharegpt:
-            loaded = (import_jsonl(self.trace, self.profile, counter) if self.trace
-                      else import_sharegpt(self.sharegpt, self.profile, counter))
+        if self.trace:
+            loaded = import_jsonl(self.trace, self.profile, counter)
+        elif self.sharegpt:
+            loaded = import_sharegpt(self.sharegpt, self.profile, counter)
+        else:
+            return (lambda seed: Workload(self.profile, seed, counter, scripted_replies=scripted)), counter
 
-            def from_trace(seed: int):
-                loaded.seed = seed  # think times of replacement chats follow the run's seed
-                return loaded
+        def from_trace(seed: int):
+            loaded.seed = seed  # think times of replacement chats follow the run's seed
+            return loaded
 
-            return from_trace, counter
-        return (lambda seed: Workload(self.profile, seed, counter, scripted_replies=scripted)), counter
+        return from_trace, counter
 
 
 def run_async(coro):

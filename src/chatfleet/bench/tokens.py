@@ -15,7 +15,8 @@ TOKENS_PER_PROMPT = 3
 
 
 class TokenCounter(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def count(self, text: str) -> int: ...
 

@@ -86,7 +86,7 @@ class TraceWorkload:
 def import_jsonl(path: str | Path, profile: WorkloadProfile, counter: TokenCounter, seed: int = 0,
                  max_reply_tokens: int = 4096) -> TraceWorkload:
     rng = random.Random(f"trace:{seed}")
-    convs = []
+    convs: list[Conversation] = []
     for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -118,7 +118,7 @@ def import_sharegpt(path: str | Path, profile: WorkloadProfile, counter: TokenCo
     if not isinstance(data, list):
         raise ConfigError(f"{path}: ShareGPT data must be a JSON list of conversations")
     rng = random.Random(f"sharegpt:{seed}")
-    convs = []
+    convs: list[Conversation] = []
     for item in data:
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list):

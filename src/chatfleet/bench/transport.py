@@ -13,10 +13,13 @@ import ssl as ssl_mod
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from chatfleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Endpoint:
     base_path: str  # e.g. '' or '/v1' prefix given in the URL, without trailing slash
 
     @classmethod
-    def parse(cls, url: str) -> "Endpoint":
+    def parse(cls, url: str) -> Endpoint:
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ConfigError(f"server URL must look like http://127.0.0.1:8000, got {url!r}")
@@ -119,9 +122,11 @@ class RawSession:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def _connect(self) -> None:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         ctx = ssl_mod.create_default_context() if self.ep.scheme == "https" else None
-        self.reader, self.writer = await asyncio.open_connection(self.ep.host, self.ep.port, ssl=ctx, limit=1 << 20)
+        reader, writer = await asyncio.open_connection(self.ep.host, self.ep.port, ssl=ctx, limit=1 << 20)
+        self.reader, self.writer = reader, writer
+        return reader, writer
 
     async def discard(self) -> None:
         if self.writer is not None:
@@ -133,15 +138,16 @@ class RawSession:
         self.reader = self.writer = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
-        if self.writer is None or self.writer.is_closing() or self.reader.at_eof():
+        reader, writer = self.reader, self.writer
+        if reader is None or writer is None or writer.is_closing() or reader.at_eof():
             await self.discard()
-            await self._connect()
+            reader, writer = await self._connect()
         hdrs = {"Host": f"{self.ep.host}:{self.ep.port}", "Content-Type": "application/json",
                 "Content-Length": str(len(body)), "Connection": "keep-alive", **self.extra, **headers}
         head = f"POST {self.ep.base_path}{path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
-        self.writer.write(head.encode("latin-1") + b"\r\n" + body)
+        writer.write(head.encode("latin-1") + b"\r\n" + body)
         try:
-            raw_head = await self.reader.readuntil(b"\r\n\r\n")
+            raw_head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
             await self.discard()
             raise ConnectionError(f"connection closed before a response: {e}") from e
@@ -155,10 +161,9 @@ class RawSession:
             if line:
                 k, _, v = line.partition(":")
                 resp_headers[k.strip().lower()] = v.strip()
-        return Response(int(parts[1]), resp_headers, self._body(resp_headers))
+        return Response(int(parts[1]), resp_headers, self._body(reader, resp_headers))
 
-    async def _body(self, headers: dict[str, str]) -> AsyncIterator[tuple[int, bytes]]:
-        reader = self.reader
+    async def _body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[tuple[int, bytes]]:
         keep = headers.get("connection", "").lower() != "close"
         clock = time.perf_counter_ns
         try:
@@ -210,9 +215,9 @@ class RawTransport:
 
 
 class HttpxSession:
-    def __init__(self, transport: "HttpxTransport") -> None:
+    def __init__(self, transport: HttpxTransport) -> None:
         self.t = transport
-        self._resp = None
+        self._resp: httpx.Response | None = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
         client = self.t.client

@@ -46,7 +46,7 @@ class WorkloadProfile:
         if self.max_prompt_tokens < 16:
             raise ConfigError("max_prompt_tokens must be >= 16")
 
-    def with_overrides(self, **kw) -> "WorkloadProfile":
+    def with_overrides(self, **kw) -> WorkloadProfile:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
@@ -158,7 +158,7 @@ class Workload:
     def __post_init__(self) -> None:
         p = self.profile
         rng = random.Random(f"cards:{self.seed}")
-        codes, lang_w = zip(*p.languages)
+        codes, lang_w = zip(*p.languages, strict=True)
         self.cards = []
         for cid in range(p.num_characters):
             lang = rng.choices(codes, weights=lang_w)[0]

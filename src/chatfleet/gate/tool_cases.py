@@ -17,18 +17,18 @@ def _fn(name: str, description: str, properties: dict, required: list[str]) -> d
         "type": "object", "properties": properties, "required": required}}}
 
 
-S, I, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
+S, INT, N, B = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
 FUNCTIONS = {f["function"]["name"]: f for f in (
     _fn("get_weather", "Current weather for a city", {
         "city": S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city"]),
     _fn("convert_currency", "Convert an amount between currencies (ISO codes)", {
         "amount": N, "from_currency": S, "to_currency": S}, ["amount", "from_currency", "to_currency"]),
-    _fn("book_table", "Book a restaurant table", {"restaurant": S, "people": I, "time": S},
+    _fn("book_table", "Book a restaurant table", {"restaurant": S, "people": INT, "time": S},
         ["restaurant", "people", "time"]),
     _fn("send_email", "Send an email", {"to": S, "subject": S, "body": S}, ["to", "subject"]),
     _fn("calculate_tip", "Tip for a bill", {"bill": N, "percent": N}, ["bill", "percent"]),
-    _fn("search_recipes", "Find recipes with an ingredient", {"ingredient": S, "max_minutes": I}, ["ingredient"]),
-    _fn("set_reminder", "Remind the user after some minutes", {"text": S, "minutes": I}, ["text", "minutes"]),
+    _fn("search_recipes", "Find recipes with an ingredient", {"ingredient": S, "max_minutes": INT}, ["ingredient"]),
+    _fn("set_reminder", "Remind the user after some minutes", {"text": S, "minutes": INT}, ["text", "minutes"]),
     _fn("get_stock_price", "Latest price of a stock ticker", {"symbol": S}, ["symbol"]),
     _fn("translate", "Translate text", {"text": S, "target_language": S}, ["text", "target_language"]),
     _fn("create_event", "Create a calendar event", {

@@ -57,7 +57,7 @@ def _same(value: object, expected: object) -> bool:
     if isinstance(expected, (int, float)) and isinstance(value, (int, float)):
         return float(value) == float(expected)
     if isinstance(expected, list) and isinstance(value, list):
-        return len(value) == len(expected) and all(_same(v, e) for v, e in zip(value, expected))
+        return len(value) == len(expected) and all(_same(v, e) for v, e in zip(value, expected, strict=True))
     return value == expected
 
 
@@ -117,7 +117,7 @@ def check_reply(case: ToolCase, tool_calls: list[dict] | None, content: str) -> 
         return CallCheck(True, False, "", calls)
     first_reason = ""
     for order in itertools.permutations(range(len(calls))):
-        reasons = [match_call(calls[i], name, args) for i, (name, args) in zip(order, case.expected)]
+        reasons = [match_call(calls[i], name, args) for i, (name, args) in zip(order, case.expected, strict=True)]
         if not any(reasons):
             return CallCheck(True, False, "", calls)
         first_reason = first_reason or next(r for r in reasons if r)

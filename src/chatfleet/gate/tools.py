@@ -48,15 +48,16 @@ async def run(ctx: SuiteContext) -> SuiteResult:
         asyncio.gather(*(_ask(ctx, ctx.candidate, c) for c in cases)),
         asyncio.gather(*(_ask(ctx, ctx.baseline, c) for c in cases[:aa_n])))
     base, cand = list(base), list(cand)
-    aa_pairs = [(a, b) for a, b in zip(aa, base) if "error" not in a and "error" not in b]
+    aa_pairs = [(a, b) for a, b in zip(aa, base, strict=False) if "error" not in a and "error" not in b]
     disagreement = sum(_signature(a) != _signature(b) for a, b in aa_pairs) / len(aa_pairs) if aa_pairs else 0.0
-    errors = sum(1 for b, c in zip(base, cand) if "error" in b or "error" in c)
-    metrics: dict = {"cases": len(cases), "errors": errors, "aa": {"items": len(aa_pairs), "disagreement": disagreement}}
+    errors = sum(1 for b, c in zip(base, cand, strict=True) if "error" in b or "error" in c)
+    metrics: dict = {"cases": len(cases), "errors": errors,
+                     "aa": {"items": len(aa_pairs), "disagreement": disagreement}}
     invalid = error_rate_reason(errors, len(cases), s.max_error_rate)
     if not invalid and disagreement > s.aa_max_disagreement:
         invalid = (f"A/A: the baseline answered {100 * disagreement:.0f}% of the first {len(aa_pairs)} cases "
                    f"differently the second time (greedy is not deterministic there)")
-    both = [(b, c) for b, c in zip(base, cand) if "error" not in b and "error" not in c]
+    both = [(b, c) for b, c in zip(base, cand, strict=True) if "error" not in b and "error" not in c]
     table = PairedTable.from_pairs([(b["correct"], c["correct"]) for b, c in both])
     new_invalid = sum(1 for b, c in both if c["invalid_json"] and not b["invalid_json"])
     by_category: dict[str, dict] = {}

@@ -46,11 +46,17 @@ class AdmissionDecision:
         return self.outcome is Outcome.ADMITTED
 
 
+def _cancelling() -> bool:
+    """The running task has a cancellation pending (its client left)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 @dataclass(order=True)
 class _Waiter:
     priority: int
     seq: int
-    future: asyncio.Future = field(compare=False)
+    future: asyncio.Future[Outcome] = field(compare=False)
 
 
 @dataclass
@@ -125,7 +131,7 @@ class AdmissionController:
                 waiter.future.cancel()
                 self._dequeued(slots, waiter)
                 self._compact(slots)
-            elif waiter.future.result() is Outcome.ADMITTED and asyncio.current_task().cancelling():
+            elif waiter.future.result() is Outcome.ADMITTED and _cancelling():
                 self.release(replica)  # granted just as the client left
         waited = self._clock() - start
         outcome = waiter.future.result() if not waiter.future.cancelled() else Outcome.SHED

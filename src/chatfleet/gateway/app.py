@@ -10,8 +10,8 @@ The gateway's state and request handling live in ``service.py``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -37,7 +37,7 @@ def create_app(config: GatewayConfig,
     gateway = Gateway(config, processes)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
         try:
             yield
@@ -45,12 +45,14 @@ def create_app(config: GatewayConfig,
             await gateway.stop()
 
     app = FastAPI(title="chatfleet gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.openapi = lambda: app.openapi_schema or _set_schema(app)
+    app.openapi = lambda: app.openapi_schema or _set_schema(app)  # type: ignore[method-assign]  # FastAPI's way
     app.state.gateway = gateway
     install_exception_handlers(app)
 
+    # A ProxyResponse is an ASGI response that Starlette calls as it calls a Response (not a subclass).
+    proxy = cast(Callable[[Request], Awaitable[Response]], gateway.proxy)
     for path in ENDPOINTS:
-        app.router.add_route(path, gateway.proxy, methods=["POST"])
+        app.router.add_route(path, proxy, methods=["POST"])
 
     async def models(request: Request) -> JSONResponse:
         gateway.check_auth(request)
@@ -77,7 +79,7 @@ def create_app(config: GatewayConfig,
     return app
 
 
-def _set_schema(app: FastAPI) -> dict:
+def _set_schema(app: FastAPI) -> dict[str, Any]:
     app.openapi_schema = gateway_openapi(app.title, app.version)
     return app.openapi_schema
 

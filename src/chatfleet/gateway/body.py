@@ -26,7 +26,8 @@ from chatfleet.gateway.session import SessionKey, body_session
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
 
-ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 
 
 @dataclass(frozen=True)

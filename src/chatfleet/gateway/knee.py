@@ -59,7 +59,7 @@ def run_in_flight(run: Mapping[str, Any]) -> float | None:
     spans = [r["end_s"] - r["sent_s"] for r in records
              if isinstance(r.get("end_s"), (int, float)) and isinstance(r.get("sent_s"), (int, float))]
     if spans:
-        return sum(spans) / window
+        return float(sum(spans) / window)
     rate = summary.get("request_rate")
     mean = ((summary.get("latency") or {}).get("reply") or {}).get("mean")
     if isinstance(rate, (int, float)) and isinstance(mean, (int, float)) and math.isfinite(mean):

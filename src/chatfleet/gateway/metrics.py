@@ -14,10 +14,11 @@ by reason (no replica, auth, bad input, too large).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from chatfleet.gateway.admission import AdmissionController
 from chatfleet.gateway.replicas import ReplicaSet, ReplicaStats
@@ -49,9 +50,10 @@ class _StateCollector:
         self.replicas = replicas
         self.admission = admission
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         gauges = {
-            "in_flight": GaugeMetricFamily("chatfleet:gateway_in_flight", "Requests holding a slot", labels=["replica"]),
+            "in_flight": GaugeMetricFamily("chatfleet:gateway_in_flight", "Requests holding a slot",
+                                           labels=["replica"]),
             "queued": GaugeMetricFamily("chatfleet:gateway_queued", "Requests waiting for a slot", labels=["replica"]),
             "cap": GaugeMetricFamily("chatfleet:gateway_cap", "In-flight cap (+Inf: none)", labels=["replica"]),
             "healthy": GaugeMetricFamily("chatfleet:gateway_replica_healthy", "1 if routable", labels=["replica"]),
@@ -74,18 +76,20 @@ class GatewayMetrics:
     def __init__(self, replicas: ReplicaSet, admission: AdmissionController) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_StateCollector(replicas, admission))
-        kw = {"labelnames": ["replica"], "buckets": LATENCY_BUCKETS, "registry": self.registry}
-        self._ttft = Histogram("chatfleet:gateway_time_to_first_token_seconds",
-                               "Arrival to first response byte, through the gateway", **kw)
-        self._queue_wait = Histogram("chatfleet:gateway_queue_wait_seconds",
-                                     "Time waiting for an admission slot", **kw)
-        self._latency = Histogram("chatfleet:gateway_request_latency_seconds",
-                                  "Arrival to the end of the response", **kw)
+        self._ttft = self._histogram("chatfleet:gateway_time_to_first_token_seconds",
+                                     "Arrival to first response byte, through the gateway")
+        self._queue_wait = self._histogram("chatfleet:gateway_queue_wait_seconds", "Time waiting for an admission slot")
+        self._latency = self._histogram("chatfleet:gateway_request_latency_seconds",
+                                        "Arrival to the end of the response")
         self._rejected = Counter("chatfleet:gateway_rejected", "Requests refused before routing",
                                  ["reason"], registry=self.registry)
-        self._children: dict[tuple[int, str], object] = {}
+        self._children: dict[tuple[int, str], Histogram] = {}
 
-    def _child(self, histogram: Histogram, replica: str):
+    def _histogram(self, name: str, documentation: str) -> Histogram:
+        """A per-replica latency histogram on this gateway's registry."""
+        return Histogram(name, documentation, labelnames=["replica"], buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def _child(self, histogram: Histogram, replica: str) -> Histogram:
         key = (id(histogram), replica)
         child = self._children.get(key)
         if child is None:

@@ -9,6 +9,7 @@ stubs only feed ``get_openapi`` and never serve a request.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi.openapi.utils import get_openapi
@@ -30,7 +31,7 @@ _STREAM = ("With `\"stream\": true` the reply is `text/event-stream`: one chunk 
            "`data:` event, then `data: [DONE]`.")
 
 
-def _stub(name: str, body_model: type | None = None):
+def _stub(name: str, body_model: type | None = None) -> Callable[..., Coroutine[Any, Any, None]]:
     async def endpoint(*args: Any, **kwargs: Any) -> None:  # pragma: no cover - never served
         raise RuntimeError("documentation stub")
 

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -44,7 +45,7 @@ class Replica:
     consecutive_failures: int = 0
     last_error: str | None = None
     last_change: float = field(default_factory=time.monotonic)
-    models: tuple[dict, ...] = ()
+    models: tuple[dict[str, Any], ...] = ()  # the replica's /v1/models entries
     checked: bool = False  # a replica failing its very first health check starts down
     stats: ReplicaStats = field(default_factory=ReplicaStats)
 
@@ -52,7 +53,7 @@ class Replica:
 class ReplicaSet:
     def __init__(self, urls: Iterable[str], *, failure_threshold: int, health_interval_s: float,
                  health_timeout_s: float, headers: dict[str, str] | None = None,
-                 on_down: Callable[[str], None] | None = None) -> None:
+                 on_down: Callable[[str], object] | None = None) -> None:
         self.replicas = {url: Replica(url) for url in urls}
         self.failure_threshold = failure_threshold
         self.health_interval_s = health_interval_s
@@ -60,8 +61,8 @@ class ReplicaSet:
         self.on_down = on_down
         self._headers = headers or {}
         self._client: httpx.AsyncClient | None = None
-        self._task: asyncio.Task | None = None
-        self._soon: dict[str, asyncio.Task] = {}  # extra health checks asked for, one per replica
+        self._task: asyncio.Task[None] | None = None
+        self._soon: dict[str, asyncio.Task[None]] = {}  # extra health checks asked for, one per replica
 
     @property
     def urls(self) -> list[str]:
@@ -123,6 +124,7 @@ class ReplicaSet:
         return ok
 
     async def _fetch_models(self, replica: Replica) -> None:
+        assert self._client is not None, "start() the replica set first"
         try:
             resp = await self._client.get(replica.url + "/v1/models")
             data = resp.json().get("data") if resp.status_code == 200 else None
@@ -177,9 +179,9 @@ class ReplicaSet:
             await self._client.aclose()
             self._client = None
 
-    def models(self) -> list[dict]:
+    def models(self) -> list[dict[str, Any]]:
         """Models served by healthy replicas, each id once."""
-        seen: dict[str, dict] = {}
+        seen: dict[str, dict[str, Any]] = {}
         for replica in self.replicas.values():
             if replica.healthy:
                 for model in replica.models:

@@ -17,7 +17,7 @@ import enum
 import hashlib
 import itertools
 import math
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -143,7 +143,8 @@ def _least_loaded(candidates: Sequence[str], loads: Mapping[str, int], rr: Itera
     return RoutingDecision(replica, home, affinity, reason)
 
 
-ROUTING_POLICIES: dict[str, type] = {
+# name -> constructor (replicas, virtual_nodes, load_factor)
+ROUTING_POLICIES: dict[str, Callable[[Sequence[str], int, float], RoutingPolicy]] = {
     BoundedLoadPolicy.name: BoundedLoadPolicy,
     _RingPolicy.name: _RingPolicy,
     LeastLoadedPolicy.name: LeastLoadedPolicy,

@@ -65,7 +65,8 @@ def read_measured(doc: dict[str, Any], series: str | None = None) -> MeasuredSwe
                 vals[f"{metric}_{stat}"] = sum(xs) / len(xs)
         metrics[float(p["level"])] = vals
     tok = settings.get("tokenizer")
-    return MeasuredSweep(name, s["mode"], s["slo"], str(profile), tok if tok and not tok.startswith("estimate") else None,
+    tokenizer = tok if tok and not tok.startswith("estimate") else None
+    return MeasuredSweep(name, s["mode"], s["slo"], str(profile), tokenizer,
                          float(load.get("duration_s", 30.0)), float(load.get("warmup_s", 5.0)), s.get("knee"),
                          tuple(sorted(metrics)), metrics)
 

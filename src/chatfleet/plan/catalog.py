@@ -88,9 +88,11 @@ class GpuSpec:
                 "source": self.source}
 
 
-def _positive(where: str, key: str, value: object, *, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
+def _optional_positive(where: str, key: str, value: object) -> float | None:
+    return None if value is None else _positive(where, key, value)
+
+
+def _positive(where: str, key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{where}: {key} must be a positive number, got {value!r}")
     return float(value)
@@ -132,7 +134,7 @@ def parse_gpu(name: str, entry: object, where: str) -> GpuSpec:
         name=str(name), memory_bytes=memory,
         memory_bandwidth_gbps=_positive(at, "memory_bandwidth_gbps", entry["memory_bandwidth_gbps"]),
         bf16_tflops=_positive(at, "bf16_tflops", entry["bf16_tflops"]),
-        fp8_tflops=_positive(at, "fp8_tflops", entry.get("fp8_tflops"), optional=True),
+        fp8_tflops=_optional_positive(at, "fp8_tflops", entry.get("fp8_tflops")),
         pcie_gbps=pcie, p2p_gbps=_positive(at, "p2p_gbps", entry.get("p2p_gbps", pcie)),
         aliases=tuple(str(a) for a in aliases), efficiency=efficiency, source=str(entry.get("source", "")),
     )

@@ -4,6 +4,7 @@ pauses (conversations whose KV the device pool evicted while their users were aw
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,10 +41,10 @@ class HostSweep:
     @property
     def plateau_bytes(self) -> int | None:
         """The smallest size after which the next size adds under ``PLATEAU_POINTS`` of hit rate."""
-        pts = [p for p in self.points if p.hit_rate is not None]
-        for a, b in zip(pts, pts[1:]):
-            if b.hit_rate - a.hit_rate < PLATEAU_POINTS:
-                return a.host_bytes
+        rates = [(p.host_bytes, p.hit_rate) for p in self.points if p.hit_rate is not None]
+        for (size, rate), (_, next_rate) in itertools.pairwise(rates):
+            if next_rate - rate < PLATEAU_POINTS:
+                return size
         return None
 
 

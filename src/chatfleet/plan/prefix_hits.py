@@ -26,8 +26,10 @@ class HitRate:
 def engine_hit_rate(prompts: list[list[int]], block_size: int = 16) -> HitRate:
     total = sum(len(p) + 1 for p in prompts)
     blocks = total // block_size + len(prompts) + 1
-    runner = SimRunner(blocks, block_size, vocab_size=SIM_VOCAB, max_model_len=blocks * block_size, check_contents=False)
-    config = EngineConfig(model="prefix-check", cache=CacheConfig(block_size=block_size, num_tokens=blocks * block_size),
+    runner = SimRunner(blocks, block_size, vocab_size=SIM_VOCAB, max_model_len=blocks * block_size,
+                       check_contents=False)
+    config = EngineConfig(model="prefix-check",
+                          cache=CacheConfig(block_size=block_size, num_tokens=blocks * block_size),
                           scheduler=SchedulerConfig(max_batched_tokens=max(len(p) for p in prompts) + 1, max_running=1))
     engine = Engine(config, runner=runner, tokenizer=NullTokenizer())
     prompt_tokens = cached = 0

@@ -27,7 +27,8 @@ from chatfleet.errors import ConfigError
 TIMESTAMP = re.compile(
     r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"  # ISO dates and times
     r"|\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm])?"  # clock times
-    r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? (?:\d{1,2} )?(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{1,2}(?:, \d{4})?"
+    r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? (?:\d{1,2} )?"  # weekday dates: "Tue, 4 March 12" ...
+    r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{1,2}(?:, \d{4})?"
     r"|\b1[6-9]\d{8}\b"  # unix seconds
 )
 MAX_FIELD_CHARS = 200  # a per-user segment longer than this (or over 20% of the prompt) is a different prompt
@@ -97,13 +98,13 @@ def analyze(requests: list[dict[str, Any]]) -> tuple[list[Divergence], list[dict
     found: list[Divergence] = []
     # timestamps in the system prompt
     systems = [_system(r) for r in fixed]
-    stamped = [i for i, s in enumerate(systems) if s is not None and TIMESTAMP.search(s)]
-    if stamped and len({systems[i] for i in stamped}) > 1:
-        for i in stamped:
-            stamps = TIMESTAMP.findall(systems[i])
-            systems[i] = TIMESTAMP.sub("", systems[i])
-            _move_behind(fixed[i], systems[i], [f"time: {' '.join(stamps)}"])
-        ex = TIMESTAMP.search(_system(requests[stamped[0]]) or "")
+    stamped = {i: s for i, s in enumerate(systems) if s is not None and TIMESTAMP.search(s)}
+    if stamped and len(set(stamped.values())) > 1:
+        for i, stamped_text in stamped.items():
+            stamps = TIMESTAMP.findall(stamped_text)
+            systems[i] = unstamped = TIMESTAMP.sub("", stamped_text)
+            _move_behind(fixed[i], unstamped, [f"time: {' '.join(stamps)}"])
+        ex = TIMESTAMP.search(_system(requests[next(iter(stamped))]) or "")
         found.append(Divergence("timestamp", len(stamped), "a date/time inside the system prompt changes every request",
                                 ex.group(0) if ex else ""))
     # tools in a different order
@@ -118,8 +119,8 @@ def analyze(requests: list[dict[str, Any]]) -> tuple[list[Divergence], list[dict
         found.append(Divergence("tool_order", affected, f"the same tools sent in {len(orders)} different orders",
                                 " / ".join(",".join(o) for o in list(orders)[:2])))
     # a per-user segment inside an otherwise shared system prompt
-    present = [i for i, s in enumerate(systems) if s is not None]
-    distinct = sorted({systems[i] for i in present})
+    present = {i: s for i, s in enumerate(systems) if s is not None}
+    distinct = sorted(set(present.values()))
     if len(distinct) > 1:
         p, s = _common_affixes(distinct)
         longest = max(len(t) for t in distinct)
@@ -128,13 +129,12 @@ def analyze(requests: list[dict[str, Any]]) -> tuple[list[Divergence], list[dict
         middles = [t[p:len(t) - s] for t in distinct]
         widest = max(len(m) for m in middles)
         if widest <= MAX_FIELD_CHARS and widest <= 0.2 * longest:
-            for i in present:
-                text = systems[i]
+            for i, text in present.items():
                 field = text[p:len(text) - s]
                 _move_behind(fixed[i], text[:p] + text[len(text) - s:], [f"user: {field}"] if field else [])
-            found.append(Divergence("per_user_field", len(present),
-                                    f"a per-user segment at character {p} of the system prompt, before the conversation",
-                                    middles[0]))
+            found.append(Divergence(
+                "per_user_field", len(present),
+                f"a per-user segment at character {p} of the system prompt, before the conversation", middles[0]))
     return found, fixed
 
 

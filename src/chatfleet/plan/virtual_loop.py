@@ -10,14 +10,17 @@ wait on real I/O in such a loop: a wait with no timer pending is a deadlock and 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import gc
 import heapq
 import itertools
 import selectors
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class VirtualClock:
@@ -35,13 +38,15 @@ class VirtualClock:
 
 
 class _VirtualSelector(selectors.SelectSelector):
+    _fd_to_key: dict[int, selectors.SelectorKey]  # the base selector's own map (typeshed omits it)
+
     def __init__(self, clock: VirtualClock) -> None:
         super().__init__()
         self.clock = clock
         self.next_timer: Callable[[], float | None] = lambda: None
         self.poked = False  # a thread woke the loop through its self-pipe (``_write_to_self``)
 
-    def select(self, timeout: float | None = None):  # type: ignore[override]
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         # A real (never blocking) select only where something can be there: the self-pipe after
         # a wake-up from another thread, or a file a caller registered. Most iterations of a
         # simulation have neither, and the system call was the loop's largest single cost.
@@ -64,6 +69,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """Besides ``time()``: ``next_timer()``, when the earliest pending timer fires (the selector
     jumps the clock there when nothing else is ready), and ``idle_before(t)``."""
 
+    # asyncio's own state that this loop reads (base_events / selector_events; typeshed omits it)
+    _ready: collections.deque[asyncio.Handle]
+    _stopping: bool
+    _selector: _VirtualSelector
+    _process_events: Callable[[list[tuple[selectors.SelectorKey, int]]], None]
+    _check_closed: Callable[[], None]
+
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
@@ -80,22 +92,23 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     # asyncio keeps TimerHandles in its heap and orders them with a Python ``__lt__``: with a few
     # hundred chats' timers pending, a simulated hour spent seconds in those comparisons. Same
     # contract: a handle runs once its time is reached, ties in the order they were scheduled.
-    def call_at(self, when, callback, *args, context=None):  # type: ignore[no-untyped-def]
+    def call_at(self, when: float, callback: Callable[[*Ts], object], *args: *Ts,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
         if when is None:
             raise TypeError("when cannot be None")
         self._check_closed()
         timer = asyncio.TimerHandle(when, callback, args, self, context)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
+        if timer._source_traceback:  # type: ignore[attr-defined]  # asyncio's debug-mode record
+            del timer._source_traceback[-1]  # type: ignore[attr-defined]
         heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
-        timer._scheduled = True
+        timer._scheduled = True  # type: ignore[attr-defined]  # asyncio's private flag (not in typeshed)
         return timer
 
     def _run_once(self) -> None:
         """One iteration, as asyncio's: ready callbacks run after the timers now due join them."""
         timers, ready = self._timers, self._ready
         while timers and timers[0][2]._cancelled:  # cancelled ones are dropped when they surface
-            heapq.heappop(timers)[2]._scheduled = False
+            heapq.heappop(timers)[2]._scheduled = False  # type: ignore[attr-defined]  # as in call_at
         if ready or self._stopping:
             timeout: float | None = 0
         elif timers:
@@ -106,20 +119,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         end_time = self.clock.now + self._clock_resolution
         while timers and timers[0][0] < end_time:
             handle = heapq.heappop(timers)[2]
-            handle._scheduled = False
+            handle._scheduled = False  # type: ignore[attr-defined]  # as in call_at
             ready.append(handle)
         for _ in range(len(ready)):
-            handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            callback = ready.popleft()
+            if not callback._cancelled:
+                callback._run()
 
     def close(self) -> None:
         self._timers.clear()
         super().close()
 
     def _write_to_self(self) -> None:  # call_soon_threadsafe's wake-up: the next select looks
-        super()._write_to_self()
-        self._selector.poked = True  # type: ignore[attr-defined]
+        super()._write_to_self()  # type: ignore[misc]  # asyncio's private self-pipe write (not in typeshed)
+        self._selector.poked = True
 
     def idle_before(self, t: float) -> bool:
         """Nothing is ready to run and no timer fires at or before ``t``: a callback that would

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 _MAX_LISTED = 3
 
 
-def _format_validation(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def _format_validation(errors: Iterable[Mapping[str, Any]]) -> tuple[str, str | None]:
     """(message, param) from pydantic/FastAPI error dicts."""
     parts: list[str] = []
     param: str | None = None

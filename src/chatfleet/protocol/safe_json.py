@@ -28,13 +28,15 @@ OFF_LOOP_BYTES = 256 << 10  # bodies at least this large parse on a worker threa
 
 def _parse_int(text: str) -> int:
     if len(text) > MAX_NUMBER_DIGITS:
-        raise InvalidRequestError(f"a number in the body has {len(text)} digits; at most {MAX_NUMBER_DIGITS} are allowed")
+        raise InvalidRequestError(
+            f"a number in the body has {len(text)} digits; at most {MAX_NUMBER_DIGITS} are allowed")
     return int(text)
 
 
 def _parse_float(text: str) -> float:
     if len(text) > MAX_NUMBER_DIGITS:
-        raise InvalidRequestError(f"a number in the body has {len(text)} characters; at most {MAX_NUMBER_DIGITS} are allowed")
+        raise InvalidRequestError(
+            f"a number in the body has {len(text)} characters; at most {MAX_NUMBER_DIGITS} are allowed")
     value = float(text)
     if not math.isfinite(value):
         raise InvalidRequestError(f"the number {text[:40]} is out of range")

@@ -60,7 +60,7 @@ class Authenticator:
         token = bearer_token(request)
         if token is not None:
             given = token.encode("utf-8", "replace")
-            for key, raw in zip(self._tenants, self._keys):
+            for key, raw in zip(self._tenants, self._keys, strict=True):
                 if hmac.compare_digest(given, raw):
                     return self._tenants[key]
         raise AuthenticationError(

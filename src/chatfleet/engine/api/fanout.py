@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-
-from pydantic import BaseModel
+from typing import TypeVar
 
 from chatfleet.engine.api.requests import Deadline, RequestOutputs, ServerState
 from chatfleet.engine.api.responders import StreamPart
 from chatfleet.engine.request import SamplingParams
 from chatfleet.errors import InvalidRequestError
 from chatfleet.protocol.errors import error_event
-from chatfleet.protocol.openai import PromptTokensDetails, Usage
+from chatfleet.protocol.openai import ChatCompletionResponse, CompletionResponse, PromptTokensDetails, Usage
 from chatfleet.protocol.sse import DONE
 
 MAX_CHOICES = 128
+
+Response = TypeVar("Response", ChatCompletionResponse, CompletionResponse)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def merged_usage(usages: list[Usage | None], choices: list[Choice]) -> Usage:
     """Prompt tokens once per prompt, completion tokens of every choice."""
     prompt = cached = completion = 0
     seen: set[int] = set()
-    for u, c in zip(usages, choices):
+    for u, c in zip(usages, choices, strict=True):
         if u is None:
             continue
         completion += u.completion_tokens
@@ -87,21 +88,21 @@ def merged_usage(usages: list[Usage | None], choices: list[Choice]) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
-def merge_responses(responses: list[BaseModel], choices: list[Choice]) -> BaseModel:
+def merge_responses(responses: list[Response], choices: list[Choice]) -> Response:
     """One response with every choice (``index`` set) and the merged usage."""
-    merged = [r.choices[0].model_copy(update={"index": c.index}) for r, c in zip(responses, choices)]
+    merged = [r.choices[0].model_copy(update={"index": c.index}) for r, c in zip(responses, choices, strict=True)]
     return responses[0].model_copy(update={"choices": merged,
                                            "usage": merged_usage([r.usage for r in responses], choices)})
 
 
-async def interleave(streams: list[AsyncIterator[bytes]], parts: list[StreamPart], choices: list[Choice],
-                     usage_chunk: Callable[[Usage], bytes] | None) -> AsyncIterator[bytes]:
+async def interleave(streams: list[AsyncGenerator[bytes, None]], parts: list[StreamPart], choices: list[Choice],
+                     usage_chunk: Callable[[Usage], bytes] | None) -> AsyncGenerator[bytes, None]:
     """One SSE stream of every choice's chunks as they come (each stream is a responder run as a
     ``StreamPart``), then the merged usage (``usage_chunk``, when asked) and ``[DONE]``. An error
     in any choice ends the whole stream with an error event."""
     queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
 
-    async def pump(stream: AsyncIterator[bytes]) -> None:
+    async def pump(stream: AsyncGenerator[bytes, None]) -> None:
         try:
             async with aclosing(stream):
                 async for event in stream:

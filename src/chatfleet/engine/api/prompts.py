@@ -36,7 +36,8 @@ _DROPPING_PRE_TOKENIZERS = {"Whitespace", "WhitespaceSplit", "BertPreTokenizer",
 def _types(node: Any) -> set[str]:
     if not isinstance(node, dict):
         return set()
-    out = {node.get("type")} if node.get("type") else set()
+    kind = node.get("type")
+    out = {kind} if isinstance(kind, str) and kind else set()
     for child in node.get("pretokenizers", []) + node.get("normalizers", []):
         out |= _types(child)
     return out

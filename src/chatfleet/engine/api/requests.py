@@ -8,7 +8,7 @@ aborts the request, freeing its KV blocks, when closed early, cancelled or out o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import suppress
 from typing import TypeVar
 
@@ -89,7 +89,7 @@ class ServerState:
 class RequestOutputs:
     """One request's outputs as an async iterator; ``aclose()`` (idempotent) aborts it if unfinished."""
 
-    def __init__(self, state: ServerState, first: RequestOutput, gen: AsyncIterator[RequestOutput],
+    def __init__(self, state: ServerState, first: RequestOutput, gen: AsyncGenerator[RequestOutput, None],
                  timer: RequestTimer, deadline: Deadline) -> None:
         self._state = state
         self._first: RequestOutput | None = first
@@ -122,15 +122,16 @@ class SSEResponse(StreamingResponse):
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, content: AsyncIterator[bytes], outputs: RequestOutputs | list[RequestOutputs]) -> None:
+    def __init__(self, content: AsyncGenerator[bytes, None], outputs: RequestOutputs | list[RequestOutputs]) -> None:
         super().__init__(content, headers=SSE_HEADERS)
+        self._content = content  # Starlette's body_iterator, typed as the generator it is
         self.outputs = outputs if isinstance(outputs, list) else [outputs]
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            await self._content.aclose()
             for outputs in self.outputs:
                 await outputs.aclose()
 

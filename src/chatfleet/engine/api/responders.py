@@ -7,13 +7,11 @@ reply that called a tool and stopped by itself finishes with ``finish_reason: "t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from chatfleet.engine.api.tool_parsers import TOOL_PARSERS, ParsedCall, StreamEvent
-from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.api.serving import (
     CompletionLogprobsBuilder,
     CompletionPrompt,
@@ -22,6 +20,8 @@ from chatfleet.engine.api.serving import (
     merge_completion_logprobs,
     usage_of,
 )
+from chatfleet.engine.api.tool_parsers import TOOL_PARSERS, ParsedCall, StreamEvent
+from chatfleet.engine.outputs import RequestOutput, TokenLogprob
 from chatfleet.protocol.errors import error_event
 from chatfleet.protocol.openai import (
     ChatCompletionChoice,
@@ -44,6 +44,15 @@ from chatfleet.protocol.openai import (
     random_id,
 )
 from chatfleet.protocol.sse import DONE, encode_event
+
+
+class OutputStream(Protocol):
+    """A request's outputs, iterated once and closed when the response is done (closing aborts an
+    unfinished request): ``requests.RequestOutputs``, or any async generator of outputs."""
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass
@@ -82,9 +91,11 @@ def _tool_call(call: ParsedCall) -> ToolCall:
 
 
 async def chat_response(
-    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput]
+    ctx: ResponseContext, req: ChatCompletionRequest, outputs: OutputStream
 ) -> ChatCompletionResponse:
-    text, lps, last = [], [], None
+    text: list[str] = []
+    lps: list[TokenLogprob] = []
+    last: RequestOutput | None = None
     async with aclosing(outputs):
         async for out in outputs:
             text.append(out.new_text)
@@ -92,9 +103,11 @@ async def chat_response(
             last = out
     text_of = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
     logprobs = chat_logprobs(text_of, lps, req.top_logprobs or 0) if req.logprobs else None
-    content, calls = "".join(text), None
+    reply = "".join(text)
+    content: str | None = reply
+    calls: list[ToolCall] | None = None
     if req.tools_active:
-        parsed = TOOL_PARSERS.make(ctx.tool_parser).parse(content)
+        parsed = TOOL_PARSERS.make(ctx.tool_parser).parse(reply)
         content, calls = parsed.content, [_tool_call(c) for c in parsed.calls] or None
     choice = ChatCompletionChoice(
         message=ChatResponseMessage(content=content, tool_calls=calls),
@@ -108,15 +121,15 @@ async def chat_response(
 
 
 async def chat_stream(
-    ctx: ResponseContext, req: ChatCompletionRequest, outputs: AsyncIterator[RequestOutput],
+    ctx: ResponseContext, req: ChatCompletionRequest, outputs: OutputStream,
     part: StreamPart | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE events: a role chunk, content chunks, the finish chunk, then usage if asked, [DONE].
     As ``part`` of a fanned-out stream: its chunks only, numbered ``part.index``; the usage goes
     to ``part.usage`` and an error is raised (the merged stream ends both)."""
     index = part.index if part is not None else 0
     text = TokenText(ctx.tokenizer, req.return_tokens_as_token_ids)
-    continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
+    continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
 
     def chunk(choices: list[ChatCompletionChunkChoice], usage=None) -> bytes:
         return encode_event(ChatCompletionChunk(
@@ -133,20 +146,21 @@ async def chat_stream(
             async for out in outputs:
                 last = out
                 lp = chat_logprobs(text, out.logprobs or [], req.top_logprobs or 0) if req.logprobs else None
-                new_text, deltas = out.new_text, None
+                new_text = out.new_text
+                deltas: list[DeltaToolCall] | None = None
                 if parser is not None:
                     events: list[StreamEvent] = parser.feed(out.new_text)
                     if out.finished:
                         events += parser.finish()
                     new_text = "".join(e.content for e in events)
-                    deltas = []
+                    calls: list[DeltaToolCall] = []
                     for e in events:
                         if e.call is not None:
-                            deltas.append(DeltaToolCall(index=num_calls, id=random_id("call"), type="function",
+                            calls.append(DeltaToolCall(index=num_calls, id=random_id("call"), type="function",
                                                         function=DeltaFunctionCall(name=e.call.name,
                                                                                    arguments=e.call.arguments)))
                             num_calls += 1
-                    deltas = deltas or None
+                    deltas = calls or None
                 if not (new_text or deltas or out.finished or (lp and lp.content)):
                     continue  # e.g. a token that ends inside a multi-byte character
                 choice = ChatCompletionChunkChoice(
@@ -201,7 +215,9 @@ class _CompletionPieces:
         if not self.drop_generated:
             parts.append(out.new_text)
             if self.lp is not None:
-                lps.append(self.lp.build(out.new_token_ids, list(out.logprobs or [None] * len(out.new_token_ids))))
+                generated: list[TokenLogprob | None] = (
+                    list(out.logprobs) if out.logprobs else [None] * len(out.new_token_ids))
+                lps.append(self.lp.build(out.new_token_ids, generated))
         return _Piece("".join(parts), merge_completion_logprobs(lps) if self.lp is not None else None)
 
     def finish_reason(self, out: RequestOutput) -> str | None:
@@ -215,7 +231,7 @@ class _CompletionPieces:
 
 async def completion_response(
     ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt,
-    outputs: AsyncIterator[RequestOutput],
+    outputs: OutputStream,
 ) -> CompletionResponse:
     pieces = _CompletionPieces(ctx, req, prompt)
     text, lps, last = [], [], None
@@ -239,12 +255,12 @@ async def completion_response(
 
 async def completion_stream(
     ctx: ResponseContext, req: CompletionRequest, prompt: CompletionPrompt,
-    outputs: AsyncIterator[RequestOutput], part: StreamPart | None = None,
-) -> AsyncIterator[bytes]:
+    outputs: OutputStream, part: StreamPart | None = None,
+) -> AsyncGenerator[bytes, None]:
     """SSE events: text chunks, then usage if asked, [DONE]; ``part``: as in ``chat_stream``."""
     index = part.index if part is not None else 0
     pieces = _CompletionPieces(ctx, req, prompt)
-    continuous = bool(req.include_usage and req.stream_options.continuous_usage_stats)
+    continuous = bool(req.include_usage and req.stream_options and req.stream_options.continuous_usage_stats)
 
     def chunk(choices: list[CompletionChoice], usage=None) -> bytes:
         return encode_event(CompletionResponse(

@@ -152,8 +152,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
                 if body.stream:
                     parts = [StreamPart(c.index) for c in choices]
                     usage = partial(chat_usage_chunk, ctx) if body.include_usage else None
-                    return SSEResponse(interleave([chat_stream(ctx, body, o, p) for o, p in zip(all_outputs, parts)],
-                                                  parts, choices, usage), all_outputs)
+                    streams = [chat_stream(ctx, body, o, p) for o, p in zip(all_outputs, parts, strict=True)]
+                    return SSEResponse(interleave(streams, parts, choices, usage), all_outputs)
                 responses = await asyncio.gather(*(chat_response(ctx, body, o) for o in all_outputs))
                 return JSONResponse(merge_responses(list(responses), choices).model_dump())
             outputs = await state.start(ctx.request_id, prompt_ids, params, salt, session, deadline)
@@ -185,11 +185,11 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             if body.stream:
                 parts = [StreamPart(c.index) for c in choices]
                 usage = partial(completion_usage_chunk, ctx) if body.include_usage else None
-                return SSEResponse(interleave([completion_stream(ctx, body, built[c.prompt_index], o, p)
-                                               for c, o, p in zip(choices, all_outputs, parts)], parts, choices, usage),
-                                   all_outputs)
+                streams = [completion_stream(ctx, body, built[c.prompt_index], o, p)
+                           for c, o, p in zip(choices, all_outputs, parts, strict=True)]
+                return SSEResponse(interleave(streams, parts, choices, usage), all_outputs)
             responses = await asyncio.gather(*(completion_response(ctx, body, built[c.prompt_index], o)
-                                               for c, o in zip(choices, all_outputs)))
+                                               for c, o in zip(choices, all_outputs, strict=True)))
             return JSONResponse(merge_responses(list(responses), choices).model_dump())
 
         return await cancel_on_disconnect(request, handle())
@@ -234,6 +234,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         if body.messages is not None:
             tokens = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt))
         else:
+            assert body.prompt is not None  # the request model holds exactly one of the two
             tokens = await deadline.run(prompts.encode(body.prompt))
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=engine.max_model_len).model_dump()
 

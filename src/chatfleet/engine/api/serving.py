@@ -23,9 +23,9 @@ from chatfleet.protocol.openai import (
     CompletionLogprobs,
     CompletionRequest,
     PromptTokensDetails,
+    SamplingFields,
     TopLogprob,
     Usage,
-    SamplingFields,
 )
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way

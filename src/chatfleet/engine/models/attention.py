@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chatfleet.engine.models.decode_attention import DECODE_PAD_LIMIT, DecodeGroup, build_decode_groups, decode_attention
+from chatfleet.engine.models.decode_attention import (
+    DECODE_PAD_LIMIT,
+    DecodeGroup,
+    build_decode_groups,
+    decode_attention,
+)
 from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
@@ -79,14 +84,14 @@ def build_attention_metadata(
     decode_groups: list[DecodeGroup] = []
     if num_decodes:
         decode_slots = [table[(ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
-                        for ctx, table in zip(decode_context_lens, decode_block_tables)]
+                        for ctx, table in zip(decode_context_lens, decode_block_tables, strict=True)]
         slots.append(torch.tensor(decode_slots, dtype=torch.long, device=device))
         decode_groups = build_decode_groups(decode_context_lens, decode_block_tables, block_size, device,
                                             decode_pad_limit, sliding_window)
 
     chunks: list[ChunkSpan] = []
     query_start = num_decodes
-    for start, n, table in zip(chunk_starts, chunk_lens, chunk_block_tables):
+    for start, n, table in zip(chunk_starts, chunk_lens, chunk_block_tables, strict=True):
         ctx = start + n
         nblocks = (ctx + block_size - 1) // block_size
         first = 0 if sliding_window is None else max(0, start - sliding_window + 1) // block_size
@@ -138,8 +143,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
             kc, vc = kq.transpose(0, 1), vq.transpose(0, 1)
         else:  # the whole context from the cache: [Hkv, blocks * block_size, D], first ctx rows
             ctx = c.context_len - c.key_start
-            kc = _read(cache.key, c.block_ids, meta.workspace, "ck", ks, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
-            vc = _read(cache.value, c.block_ids, meta.workspace, "cv", vs, q.dtype).view(num_kv_heads, -1, head_dim)[:, :ctx]
+            kc = _read(cache.key, c.block_ids, meta.workspace, "ck", ks, q.dtype)
+            vc = _read(cache.value, c.block_ids, meta.workspace, "cv", vs, q.dtype)
+            kc = kc.view(num_kv_heads, -1, head_dim)[:, :ctx]
+            vc = vc.view(num_kv_heads, -1, head_dim)[:, :ctx]
         out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels, meta.sliding_window,
                                   c.key_start if c.start_position else 0)
     return out

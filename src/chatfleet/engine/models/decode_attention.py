@@ -85,7 +85,7 @@ def build_decode_groups(context_lens: list[int], block_tables: list[list[int]], 
     (entries of the table before them are never touched: they may have been released).
     """
     first = [0 if window is None else max(0, ctx - window) // block_size for ctx in context_lens]
-    nblocks = [(ctx + block_size - 1) // block_size - f for ctx, f in zip(context_lens, first)]
+    nblocks = [(ctx + block_size - 1) // block_size - f for ctx, f in zip(context_lens, first, strict=True)]
     groups: list[DecodeGroup] = []
     for r in group_decodes(nblocks, block_size, pad_limit):
         max_blocks = max(nblocks[i] for i in r)

@@ -27,6 +27,9 @@ def quantize_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class FP8Embedding(nn.Module):
     """Buffers ``weight`` (e4m3 ``[num_embeddings, dim]``) and ``row_scale`` (float32 ``[num_embeddings]``)."""
 
+    weight: torch.Tensor  # registered buffers, declared for the type checker
+    row_scale: torch.Tensor
+
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.dtype = num_embeddings, embedding_dim, dtype

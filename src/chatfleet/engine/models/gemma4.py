@@ -22,7 +22,8 @@ Embeddings are scaled by sqrt(hidden) (in the weight dtype); logits are soft-cap
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -180,9 +181,15 @@ class Gemma4ForCausalLM(nn.Module):
         self._groups = [GROUP_OF_KIND[t] for t in cfg.layer_types]
         self._kv_source = [cfg.kv_source(i) for i in range(cfg.num_layers)]
 
+    @property
+    def decoder_layers(self) -> Sequence[Gemma4DecoderLayer]:
+        """``layers``, typed (to a type checker a ModuleList holds plain Modules)."""
+        return cast("Sequence[Gemma4DecoderLayer]", self.layers)
+
     def use_kernels(self, kernels: str) -> None:
         """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
-        self.kernels = switch_kernels(self, (layer.self_attn for layer in self.layers), self.kernels, kernels)
+        attention = (layer.self_attn for layer in self.decoder_layers)
+        self.kernels = switch_kernels(self, attention, self.kernels, kernels)
 
     def init_rotary(self) -> None:
         """RoPE inverse frequencies per layer type, on the parameters' device."""

@@ -4,7 +4,7 @@ Both layouts are read: ``Gemma4ForCausalLM`` (the text config at the top level) 
 ``Gemma4ForConditionalGeneration`` (the text config under ``text_config``, the language model's
 weights under ``model.language_model.``, vision/audio towers beside it).
 
-No torch at import: ``plan/gemma4_reader.py`` prices a Gemma 4 from this reading alone.
+No torch at import: ``engine/sizing/gemma4_reader.py`` prices a Gemma 4 from this reading alone.
 
 Per layer type (``layer_types``: ``sliding_attention`` / ``full_attention``) the attention has
 its own head dim, KV heads, RoPE and span. Full layers take ``global_head_dim`` (and

@@ -2,7 +2,7 @@
 
 ``key`` / ``value``: ``[num_kv_heads, num_blocks, block_size, head_dim]``. An FP8 cache holds
 ``clamp(x / scale, -448, 448)`` as ``torch.float8_e4m3fn``; readers get ``fp8 * scale`` in the
-compute dtype (``dequantize``). The scales are per layer and fixed once the first token is
+compute dtype (``dequantize_fp8``). The scales are per layer and fixed once the first token is
 written, so a block's raw bytes mean the same wherever they are copied (host tier, preemption).
 """
 

@@ -34,7 +34,7 @@ def measure_kv_scales(model: Qwen3ForCausalLM, prompts: Sequence[Sequence[int]],
         return observe
 
     left = limit
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.decoder_layers):
         layer.self_attn.kv_observer = observer(i)
     try:
         with torch.inference_mode():
@@ -46,7 +46,7 @@ def measure_kv_scales(model: Qwen3ForCausalLM, prompts: Sequence[Sequence[int]],
                 if ids:
                     model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device))
     finally:
-        for layer in model.layers:
+        for layer in model.decoder_layers:
             layer.self_attn.kv_observer = None
     unseen = [i for i, a in enumerate(k_amax) if a == 0.0]
     if unseen and left < limit:

@@ -10,8 +10,8 @@ Checkpoint names, as vLLM's loader accepts them (layer ``N``):
 ``...self_attn.{k,v}_proj.output_scale`` (AutoFP8) and the deprecated ``...self_attn.kv_scale``
 (one scale for both). ``q_scale`` / ``prob_scale`` are recognised and ignored.
 Without scales the cache uses 1.0 (``KVScales.ones``) and the runner logs one warning; the
-engine can instead measure them from the first prompt tokens (``amax / 448`` per layer,
-``KVScaleObserver``).
+engine can instead measure them from the first prompt tokens (``amax / 448`` per layer, seen by
+an observer on each attention layer: ``kv_calibration.measure_kv_scales``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ attention products, CPU only), ``torch`` (``F.linear`` and ``F.scaled_dot_produc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from torch import nn
 
 from chatfleet.engine.config import KERNEL_BACKENDS
 from chatfleet.errors import ConfigError
+
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -77,7 +79,13 @@ class Linear(nn.Module):
                 f"bias={self.bias is not None}, packed={self.packed is not None}")
 
 
-def switch_kernels(model: nn.Module, attention: Iterable[nn.Module], current: str, kernels: str) -> str:
+class KernelsChoice(Protocol):
+    """An attention module's prefill backend (``onednn`` or ``torch``)."""
+
+    kernels: str
+
+
+def switch_kernels(model: nn.Module, attention: Iterable[KernelsChoice], current: str, kernels: str) -> str:
     """Move ``model`` to a resolved kernel backend and return it: ``onednn`` packs every linear
     (once, for good) and each attention module gets the backend for its prefill path."""
     if kernels not in ("onednn", "torch"):

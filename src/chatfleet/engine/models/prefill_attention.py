@@ -2,13 +2,13 @@
 
 ``chunk_attention(q, k, v, start, scale)``: q [n, Hq, D] holds positions ``start .. start+n-1``;
 k, v [Hkv, start + n - key_start, D] cover the context from position ``key_start`` (0: all of it).
-With a sliding ``window`` a query at position p sees only keys at p - window + 1 .. p. With the ``onednn`` kernels it runs as blocks
-of query rows through oneDNN matrix products: each block of rows multiplies only the keys up to
-its own last position (so about half the products of a full square), the ``g = Hq / Hkv``
-query heads of one KV head are stacked into one matrix (one product per KV head, no copies of
-K/V per query head), and softmax is computed in float32: on CPU about 1.4-2x faster than
-PyTorch's fused SDPA kernel, whose products go through MKL. With ``torch`` it calls
-``F.scaled_dot_product_attention``.
+With a sliding ``window`` a query at position p sees only keys at p - window + 1 .. p. With the
+``onednn`` kernels it runs as blocks of query rows through oneDNN matrix products: each block of
+rows multiplies only the keys up to its own last position (so about half the products of a full
+square), the ``g = Hq / Hkv`` query heads of one KV head are stacked into one matrix (one product
+per KV head, no copies of K/V per query head), and softmax is computed in float32: on CPU about
+1.4-2x faster than PyTorch's fused SDPA kernel, whose products go through MKL. With ``torch`` it
+calls ``F.scaled_dot_product_attention``.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ oneDNN and routes prefill attention through it (see ``linear.py``); the default 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -201,9 +201,15 @@ class Qwen3ForCausalLM(nn.Module):
         self.rotary: Rotary | None = None
         self.kernels = "torch"
 
+    @property
+    def decoder_layers(self) -> Sequence[Qwen3DecoderLayer]:
+        """``layers``, typed (to a type checker a ModuleList holds plain Modules)."""
+        return cast("Sequence[Qwen3DecoderLayer]", self.layers)
+
     def use_kernels(self, kernels: str) -> None:
         """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
-        self.kernels = switch_kernels(self, (layer.self_attn for layer in self.layers), self.kernels, kernels)
+        attention = (layer.self_attn for layer in self.decoder_layers)
+        self.kernels = switch_kernels(self, attention, self.kernels, kernels)
 
     def init_rotary(self) -> None:
         """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""

@@ -50,7 +50,7 @@ def top_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], ks: Sequence[
         top_vals, top_ids = vals.tolist(), idx.tolist()
     return [
         TokenLogprob(token_id=int(token_ids[i]), logprob=chosen[i],
-                     top=list(zip(top_ids[i][: ks[i]], top_vals[i][: ks[i]])))
+                     top=list(zip(top_ids[i][: ks[i]], top_vals[i][: ks[i]], strict=True)))
         for i in range(n)
     ]
 
@@ -191,7 +191,7 @@ class Sampler:
         if raw_logprobs is not None:
             lps = top_logprobs(raw_logprobs, [token_list[i] for i in want_lp],
                                [rows[i].params.logprobs or 0 for i in want_lp])
-            for i, lp in zip(want_lp, lps):
+            for i, lp in zip(want_lp, lps, strict=True):
                 out[i] = SampledToken(token_id=token_list[i], logprob=lp)
         return out
 

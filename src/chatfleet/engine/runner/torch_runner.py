@@ -97,14 +97,14 @@ class TorchRunner:
                  kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
         # One pool size for every layer group, or one per group name (kv/hybrid.py).
         group_blocks = dict(num_blocks) if isinstance(num_blocks, Mapping) else None
-        num_blocks = max(group_blocks.values()) if group_blocks else num_blocks
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        blocks = max(num_blocks.values(), default=0) if isinstance(num_blocks, Mapping) else num_blocks
+        if blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {blocks}, {block_size}")
         self.loaded = loaded_model
         self.model = loaded_model.model
         self.config = loaded_model.config
         self.device = torch.device(device) if device is not None else loaded_model.device
-        self._num_blocks = num_blocks
+        self._num_blocks = blocks
         self._block_size = block_size
         kv_dtype = FP8 if kv_cache_dtype == "fp8" else (
             loaded_model.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype))
@@ -118,13 +118,14 @@ class TorchRunner:
         self.kv_caches: list[KVCache | None] = [None] * max(self.kv_spec.num_model_layers, 1)
         if group_blocks is not None:  # the longest request: what a full-attention pool holds
             self._num_blocks = min((group_blocks[g.name] for g in self.kv_spec.groups if not g.is_sliding),
-                                   default=num_blocks)
+                                   default=blocks)
         for g in self.kv_spec.groups:
             for i in g.layer_indices:
-                n = group_blocks[g.name] if group_blocks is not None else num_blocks
+                n = group_blocks[g.name] if group_blocks is not None else blocks
                 self.kv_caches[i] = KVCache.allocate(n, block_size, g.num_kv_heads, g.head_dim,
                                                      kv_dtype, self.device, scales.k[i], scales.v[i])
-        self.host_kv = HostKVTransfer([c for c in self.kv_caches if c is not None], num_host_blocks) if num_host_blocks > 0 else None
+        device_caches = [c for c in self.kv_caches if c is not None]
+        self.host_kv = HostKVTransfer(device_caches, num_host_blocks) if num_host_blocks > 0 else None
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -243,7 +244,7 @@ class TorchRunner:
                     for c in sample_chunks
                 ]
                 tokens = self.sampler.sample(sample_logits, sampling_rows)
-                sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens)}
+                sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens, strict=True)}
         return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
 
     def _attention_metadata(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
@@ -278,7 +279,8 @@ class TorchRunner:
         prompts = [c.token_ids for c in chunks if c.start_position == 0]
         used = min(sum(map(len, prompts)), self._calibrate_tokens)
         scales = measure_kv_scales(self.model, prompts, self._calibrate_tokens, self.device)
-        for cache, ks, vs in zip(self.kv_caches, scales.k, scales.v):
+        for cache, ks, vs in zip(self.kv_caches, scales.k, scales.v, strict=True):
+            assert cache is not None  # measured scales: a model whose every layer has its own cache
             cache.k_scale, cache.v_scale = ks, vs
         self.kv_scales, self._calibrate_tokens = scales, 0
         log.info("%s (measured on %d prompt tokens, now fixed)", scales.describe(), used)
