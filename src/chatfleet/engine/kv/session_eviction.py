@@ -76,6 +76,7 @@ class SessionEviction:
             elapsed = now - (now if last is None else last)
             sharing = 1
         else:  # ("shared", k) or ("anon",): timed by the next victim's release
+            assert isinstance(key, tuple)
             elapsed = now - self._time_of[next(iter(group))]
             sharing = key[1] if key[0] == "shared" else 1
         return self.model.reuse_probability(elapsed, self.horizon_fraction * self.model.median, sharing)

@@ -264,7 +264,7 @@ class KVCacheSpec:
             )
         if any(f <= 0 for f in fractions.values()) or abs(sum(fractions.values()) - 1.0) > 1e-6:
             raise ConfigError(f"memory fractions must be positive and sum to 1, got {fractions}")
-        pools = []
+        group_pools: list[GroupPool] = []
         for g in self.groups:
             n = int(memory_bytes * fractions[g.name]) // g.bytes_per_block
             if n < 1:
@@ -272,8 +272,8 @@ class KVCacheSpec:
                     f"KV cache memory of {memory_bytes} B holds no block of layer group {g.name!r}"
                     f" ({g.bytes_per_block} B per block)"
                 )
-            pools.append(GroupPool(g, n))
-        return PoolPlan(tuple(pools), memory_bytes)
+            group_pools.append(GroupPool(g, n))
+        return PoolPlan(tuple(group_pools), memory_bytes)
 
 
 def spec_from_layer_kinds(
