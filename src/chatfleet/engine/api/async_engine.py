@@ -88,7 +88,7 @@ class AsyncEngine:
 
     @property
     def memory(self) -> Any:
-        """The engine's start-up memory breakdown (``plan/memory.MemoryBreakdown``), or None."""
+        """The engine's start-up memory breakdown (``engine/sizing/memory.py``'s ``MemoryBreakdown``), or None."""
         return getattr(self.engine, "memory", None)
 
     @property
