@@ -235,3 +235,31 @@ def test_integrity_checked_when_idle_and_threadsafe_call():
 
     assert run(body, eng, check_integrity_when_idle=True) is True
     assert eng.integrity_checks >= 1
+
+
+def test_queue_time_observed_once_per_request_from_the_real_engine():
+    """The observer hears each request's queue time once, from its first output (a value on
+    ``RequestOutput``: the async engine holds no ``Request``), as the engine's clock measured it."""
+    from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from chatfleet.engine.engine import Engine
+    from chatfleet.engine.runner.sim_runner import SimRunner, make_byte_tokenizer
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 1.0  # every read of the engine's clock is a second later
+        return now[0]
+
+    config = EngineConfig(model="sim", max_model_len=64, cache=CacheConfig(block_size=4, num_tokens=64),
+                          scheduler=SchedulerConfig(max_running=1))
+    engine = Engine(config, runner=SimRunner(16, 4, vocab_size=300), tokenizer=make_byte_tokenizer(), clock=clock)
+    seen: list[float] = []
+
+    async def body(ae):
+        ae.on_first_scheduled = seen.append
+        outs = await asyncio.gather(collect(ae, "a", 3), collect(ae, "b", 3))
+        return [o.queue_time for stream in outs for o in stream]
+
+    queue_times = run(body, engine)
+    assert len(seen) == 2 and all(t > 0 for t in seen)
+    assert sorted(t for t in queue_times if t is not None) == sorted(seen)
