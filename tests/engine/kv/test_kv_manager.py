@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from chatfleet.engine.kv.manager import PagedKVManager
 from chatfleet.engine.kv.prefix_cache import MatchResult
 from chatfleet.engine.request import Request, SamplingParams
+from chatfleet.errors import KVIntegrityError
 
 BS = 4
 
@@ -172,7 +173,7 @@ def test_free_unknown_request_is_noop():
     kv = PagedKVManager(2, BS)
     kv.free("nope")
     kv.check_integrity()
-    with pytest.raises(Exception):
+    with pytest.raises(KVIntegrityError, match="not in use"):
         kv.pool.free([kv.pool.blocks[0]])
 
 
