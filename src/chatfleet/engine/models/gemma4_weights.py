@@ -20,12 +20,12 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype, weight_files
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear
 from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
 from chatfleet.engine.models.gemma4_config import Gemma4Config
 from chatfleet.engine.models.linear import Linear, resolve_kernel_backend
-from chatfleet.engine.models.loader import LoadedModel, resolve_dtype, weight_files
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import ConfigError
 
@@ -98,7 +98,7 @@ class _Targets:
         else:
             return None
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-        return list(zip(bounds[:-1], bounds[1:]))
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
 
     def fused_rows(self, name: str, part: int) -> tuple[int, int]:
         rows = self._fused_rows(name)

@@ -15,7 +15,7 @@ from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Worksp
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
-from chatfleet.engine.models.loader import LoadedModel, resolve_dtype
+from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
     NO_TRANSFERS,
