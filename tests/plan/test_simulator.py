@@ -296,3 +296,16 @@ def test_decode_cost_is_the_same_float_as_the_plans_cost():
             assert cm.batch_cost(len(starts), sum(starts), longer) == cm(mixed)
     windowed = ModelCost(10**9, 2e9, 1024, (GroupCost(8, 1024, 128, 16 * 8 * 1024),), "bf16")
     assert StepCostModel(windowed, load_catalog().get("L4")).decode_cost(2, 10) is None  # no closed form
+
+
+def test_a_simulated_run_may_be_an_extension_run():
+    """The sweep asks for more runs of an undecided point (``Bench.run_once(..., extension=True)``);
+    the simulated bench answers as the measured one does, the run marked as an extension."""
+    from chatfleet.plan.sim_bench import SimBench
+
+    plan = ReplicaPlan(_config(0), 40, 0, _cost, fast=True)
+    proto = sim_protocol(LoadSpec("closed", 2, duration_s=2, warmup_s=0), parse_slo("ttft_p99<=2s"))
+    clock = VirtualClock()
+    bench = SimBench(proto, lambda seed: Workload(get_profile("cpu-roleplay"), seed, EstimateCounter()), plan, clock)
+    run = run_virtual(bench.run_once(2, 1, extension=True), clock)
+    assert run.extension and run.repeat == 1 and run.records

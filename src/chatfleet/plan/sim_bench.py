@@ -80,7 +80,7 @@ class SimBench(Bench):
         self.obs.run_started(level, repeat, seed, load)
         return RunStart(seed, load, workload)
 
-    async def run_once(self, level: float, repeat: int) -> RunRecord:
+    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
         start = self._start_run(level, repeat)
         seed, load, workload = start.seed, start.load, start.workload
         replica = self.replica.build("replica-0", self.clock)
@@ -90,17 +90,18 @@ class SimBench(Bench):
             return await replica.generate(req.request_id, req.prompt, req.max_tokens, rec, t0, intended,
                                           req.session, req.prefix_group)
 
-        start = self.clock()
+        began = self.clock()
         try:
             res = await run_sim_load(workload, target, load, seed, self.clock, self.obs.record_done,
                                      token_scale=self.replica.token_scale)
         finally:
             replica.close()
             await asyncio.gather(loop_task, return_exceptions=True)
-        elapsed = max(self.clock() - start, 1e-9)
+        elapsed = max(self.clock() - began, 1e-9)
         self.busy_fraction[level] = replica.busy_s / elapsed
         run = RunRecord(level, repeat, seed, _no_reset(), Telemetry("none", None), False,
-                        summarize(res.records, self.p.slo, res.window_s), 0.0, res.conversations, res.records)
+                        summarize(res.records, self.p.slo, res.window_s), 0.0, res.conversations, res.records,
+                        extension)
         self.obs.run_finished(run)
         return run
 

@@ -52,7 +52,7 @@ class FleetBench(SimBench):
         self.gateway = gateway or GatewayConfig()
         self.fleet_stats: dict[float, FleetStats] = {}
 
-    async def run_once(self, level: float, repeat: int) -> RunRecord:
+    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
         start = self._start_run(level, repeat)
         seed, load, workload = start.seed, start.load, start.workload
         names = [f"replica-{i}" for i in range(self.num_replicas)]
@@ -94,7 +94,8 @@ class FleetBench(SimBench):
             await asyncio.gather(*tasks, return_exceptions=True)
         self.fleet_stats[level] = FleetStats(tuple(served[n] for n in names), broken, shed)
         run = RunRecord(level, repeat, seed, _no_reset(), Telemetry("none", None), False,
-                        summarize(res.records, self.p.slo, res.window_s), 0.0, res.conversations, res.records)
+                        summarize(res.records, self.p.slo, res.window_s), 0.0, res.conversations, res.records,
+                        extension)
         self.obs.run_finished(run)
         return run
 
