@@ -3,12 +3,12 @@
 ``build_tiny_model(out_dir, size, seed)`` writes a normal Hugging Face folder (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json with a ChatML template,
 generation_config.json) that ``transformers``, vLLM and chatfleet all load.
-``resolve_model("tiny" | "small" | path)`` builds the named sizes once into a cache folder.
+``resolve_model("tiny" | "small" | path)`` builds the named sizes (and ``tiny_gemma4``'s) once
+into a cache folder. The tokenizer and chat files come from ``chatml.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -18,68 +18,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.errors import ConfigError
+from chatfleet.models.chatml import ENDOFTEXT, IM_END, write_chat_files, write_chat_tokenizer, write_json
 from chatfleet.models.fp8 import FP8_SUFFIX, to_fp8_checkpoint
-from chatfleet.models.corpus import corpus_texts
+from chatfleet.models.tiny_gemma4 import build_named, is_gemma4_name
 
 CACHE_VERSION = "v2"  # v2: the chat template renders tools and tool calls
-ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-
-# Qwen2/Qwen3's pre-tokenizer pattern: letters runs, single digits, punctuation runs, spaces.
-SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# ChatML; content may be a string or a list of {"type": "text", "text": ...} parts. With
-# ``tools``, Qwen3's tool layout: the tools as JSON lines in <tools></tools> in the system turn,
-# an assistant's calls as <tool_call>{"name": ..., "arguments": ...}</tool_call>, and tool
-# results grouped into one user turn as <tool_response>...</tool_response>.
-CHAT_TEMPLATE = (
-    "{%- macro text(content) %}"
-    "{%- if content is string %}{{- content }}"
-    "{%- elif content is not none %}"
-    "{%- for part in content %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
-    "{%- endif %}"
-    "{%- endmacro %}"
-    "{%- set ns = namespace(first=0) %}"
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{{- text(messages[0]['content']) + '\\n\\n' }}{%- set ns.first = 1 %}"
-    "{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages[ns.first:] %}"
-    "{%- if message['role'] == 'tool' %}"
-    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + text(message['content']) + '\\n</tool_response>' }}"
-    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) }}"
-    "{%- for call in message['tool_calls'] or [] %}"
-    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
-    "{%- if call['function']['arguments'] is string %}{{- call['function']['arguments'] }}"
-    "{%- else %}{{- call['function']['arguments'] | tojson }}{%- endif %}"
-    "{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-
 @dataclass(frozen=True)
 class TinySpec:
     """Shape of one built-in model size."""
@@ -118,28 +64,6 @@ def get_spec(size: str) -> TinySpec:
         return SIZES[size]
     except KeyError:
         raise ConfigError(f"unknown tiny model size {size!r}; valid sizes: {', '.join(SIZES)}") from None
-
-
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    """Byte-level BPE (Qwen-style pre-tokenizer) trained on the shipped multilingual corpus."""
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=1,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus_texts(), trainer=trainer)
-    return tok
 
 
 def _random_weights(spec: TinySpec, vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -199,33 +123,6 @@ def _config(spec: TinySpec, vocab: int, token_ids: dict[str, int]) -> dict:
     }
 
 
-def _tokenizer_config(token_ids: dict[str, int], max_len: int) -> dict:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": ENDOFTEXT,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_len,
-        "split_special_tokens": False,
-        "added_tokens_decoder": {
-            str(token_ids[t]): {
-                "content": t, "lstrip": False, "rstrip": False, "normalized": False,
-                "single_word": False, "special": True,
-            }
-            for t in SPECIAL_TOKENS
-        },
-    }
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0,
                      fp8: FP8WeightFormat | None = None) -> Path:
     """Write a Qwen3 model of ``size`` with weights seeded by ``seed`` into ``out_dir``.
@@ -235,30 +132,15 @@ def build_tiny_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int =
     spec = get_spec(size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(spec.vocab_size)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    token_ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    tok.save(str(out / "tokenizer.json"))
+    vocab, token_ids = write_chat_tokenizer(out, spec.vocab_size)
     weights = _random_weights(spec, vocab, seed)
     config = _config(spec, vocab, token_ids)
     if fp8 is not None:
         weights = to_fp8_checkpoint(weights, fp8)
         config.update(torch_dtype="bfloat16", quantization_config=fp8.to_hf())
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", config)
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(token_ids, spec.max_position_embeddings))
-    _write_json(
-        out / "special_tokens_map.json",
-        {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": [IM_START, IM_END]},
-    )
-    _write_json(
-        out / "generation_config.json",
-        {
-            "bos_token_id": token_ids[ENDOFTEXT],
-            "eos_token_id": [token_ids[IM_END], token_ids[ENDOFTEXT]],
-            "pad_token_id": token_ids[ENDOFTEXT],
-        },
-    )
+    write_json(out / "config.json", config)
+    write_chat_files(out, token_ids, spec.max_position_embeddings)
     return out
 
 
@@ -280,8 +162,6 @@ def _named_builder(name: str) -> Callable[[Path], Path] | None:
         size = name.removesuffix(FP8_SUFFIX)
         return lambda out: build_tiny_model(out, size=size, seed=0,
                                             fp8=FP8WeightFormat() if name != size else None)
-    from chatfleet.models.tiny_gemma4 import build_named, is_gemma4_name
-
     if is_gemma4_name(name):
         return lambda out: build_named(name, out, seed=0)
     return None

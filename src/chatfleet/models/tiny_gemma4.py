@@ -7,7 +7,7 @@ layer, full layers with their own larger head dim and fewer KV heads taking V fr
 (``attention_k_eq_v``), a tied embedding, final-logit soft-capping, and with ``moe`` the MoE block
 beside the dense MLP). ``multimodal`` wraps the text model as the real checkpoint does
 (``model.language_model.*``) and adds a vision tower and its embedder (the 26B-A4B has no
-audio tower). The tokenizer and ChatML template are the Qwen3 tiny models' (``tiny.py``).
+audio tower). The tokenizer and ChatML template are the Qwen3 tiny models' (``chatml.py``).
 
 Named models (``resolve_model``): ``{tiny,small}-gemma4[-moe][-mm]``. The dense and MoE variants
 of one size have the same active feed-forward width (dense ``intermediate_size`` == MoE
@@ -26,15 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import (
-    ENDOFTEXT,
-    IM_END,
-    IM_START,
-    SPECIAL_TOKENS,
-    _tokenizer_config,
-    _write_json,
-    train_tokenizer,
-)
+from chatfleet.models.chatml import ENDOFTEXT, IM_END, write_chat_files, write_chat_tokenizer, write_json
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NAME_RE = re.compile(r"^(tiny|small)-gemma4(-moe)?(-mm)?$")
@@ -235,10 +227,7 @@ def build_tiny_gemma4(out_dir: str | os.PathLike, size: str = "tiny", *, moe: bo
         raise ConfigError(f"unknown Gemma 4 tiny size {size!r}; valid sizes: {', '.join(SIZES)}") from None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(spec.vocab_size)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    token_ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    tok.save(str(out / "tokenizer.json"))
+    vocab, token_ids = write_chat_tokenizer(out, spec.vocab_size)
     w = _Weights(seed)
     text = text_config(spec, vocab, token_ids, moe)
     if multimodal:
@@ -251,13 +240,8 @@ def build_tiny_gemma4(out_dir: str | os.PathLike, size: str = "tiny", *, moe: bo
         _text_weights(w, spec, vocab, moe, "model.")
         config = {"architectures": ["Gemma4ForCausalLM"], **text}
     save_file(w.tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "config.json", config)
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(token_ids, spec.max_position_embeddings))
-    _write_json(out / "special_tokens_map.json",
-                {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": [IM_START, IM_END]})
-    _write_json(out / "generation_config.json",
-                {"bos_token_id": token_ids[ENDOFTEXT], "eos_token_id": [token_ids[IM_END], token_ids[ENDOFTEXT]],
-                 "pad_token_id": token_ids[ENDOFTEXT]})
+    write_json(out / "config.json", config)
+    write_chat_files(out, token_ids, spec.max_position_embeddings)
     return out
 
 
