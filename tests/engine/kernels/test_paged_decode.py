@@ -3,7 +3,7 @@ the soft-capped / FP8 references against plain attention over the dequantized ca
 
 import pytest
 import torch
-from kernel_env import needs_interpreter
+from kernel_env import HAS_TRITON, needs_interpreter
 
 from chatfleet.engine.kernels.attention_params import AttentionParams, dense_attention
 from chatfleet.engine.kernels.paged_decode import paged_decode_attention, paged_decode_reference
@@ -52,6 +52,31 @@ def test_triton_matches_reference(dtype, tol, num_kv_heads, group, head_dim, win
     want = paged_decode_reference(q, key, value, tables, lens, params)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("num_splits", [2, 3, 5])  # 5: one block per split, some splits empty
+@pytest.mark.parametrize("window,softcap", [(None, None), (20, None), (7, 2.0)])
+def test_triton_context_splits_merge_to_the_reference(dtype, tol, num_splits, window, softcap):
+    from chatfleet.engine.kernels.paged_decode_triton import paged_decode_triton
+
+    q, key, value, tables, lens = paged_case(2, 3, 32, dtype, seed=2)
+    params = AttentionParams(0.2, window, softcap)
+    got = paged_decode_triton(q, key, value, tables, lens, params, num_splits=num_splits)
+    torch.testing.assert_close(got.float(), paged_decode_reference(q, key, value, tables, lens, params).float(),
+                               atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_split_count_uses_host_sizes_only():
+    from chatfleet.engine.kernels.paged_decode_triton import MIN_BLOCKS_PER_SPLIT, choose_splits
+
+    assert choose_splits(1, 8, 128, torch.device("cpu")) == 1  # the interpreter: one split unless asked
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        assert choose_splits(64, 8, 128, dev) == 1  # enough programs already
+        assert 1 < choose_splits(1, 8, 128, dev) <= 128 // MIN_BLOCKS_PER_SPLIT
 
 
 @needs_interpreter
