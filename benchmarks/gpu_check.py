@@ -108,6 +108,7 @@ class Report:
     decode: list[Row] = field(default_factory=list)
     prefill: list[dict[str, object]] = field(default_factory=list)
     agreement: list[dict[str, object]] = field(default_factory=list)  # kernels vs engine logits, one step
+    micro: list[dict[str, object]] = field(default_factory=list)  # one kernel vs its reference, alone
     telemetry: dict[str, object] = field(default_factory=dict)
     summary: dict[str, object] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
@@ -352,6 +353,8 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
             return True
         return False
 
+    if not over_budget("micro"):
+        report.micro = micro_rows(plan, device, dtype, report.bandwidth_gbps)
     for weights, kv in (("bf16", "bf16"), ("fp8", "fp8")):
         if over_budget(f"{weights} weights"):
             continue
@@ -424,6 +427,60 @@ def compare_paths(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCach
     return out
 
 
+def micro_rows(plan: Plan, device: torch.device, dtype: torch.dtype, gbps: float) -> list[dict[str, object]]:
+    """Each tuned kernel alone against its reference and its own floor (bytes it must read /
+    copy bandwidth): the FP8 GEMM at M = 1..64 on the 8B shape's qkv and down projections, and
+    one layer's decode attention at the largest and smallest batch (bf16 and FP8 KV)."""
+    from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear_reference
+    from chatfleet.engine.kernels.paged_decode import paged_decode_reference
+
+    rows: list[dict[str, object]] = []
+    cfg = plan.config
+    q_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    for n, k in ((q_out, cfg.hidden_size), (cfg.hidden_size, cfg.intermediate_size)):
+        w = torch.randint(-100, 100, (n, k), dtype=torch.int8, device=device).view(FP8)
+        s = torch.full((-(-n // 128), -(-k // 128)), 1e-3, device=device)
+        for m in (1, 8, 32, 64):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            rows.append(micro_row(f"fp8_gemm {n}x{k}", m, n * k, gbps, device, plan,
+                                  lambda x=x, w=w, s=s: fp8_block_linear(x, w, s, (128, 128)),
+                                  lambda x=x, w=w, s=s: fp8_block_linear_reference(x, w, s, (128, 128))))
+    blocks = -(-plan.context // BLOCK_SIZE)
+    for kv in ("bf16", "fp8"):
+        for batch in (min(plan.batches), max(plan.batches)):
+            cache = allocate_caches(replace_layers(cfg), batch * blocks, kv, device, dtype)[0]
+            tables = torch.arange(batch * blocks, dtype=torch.int32, device=device).view(batch, blocks)
+            lens = torch.full((batch,), plan.context, dtype=torch.int32, device=device)
+            q = torch.randn(batch, cfg.num_heads, cfg.head_dim, device=device, dtype=dtype)
+            params = AttentionParams(cfg.head_dim**-0.5, None, None, cache.k_scale, cache.v_scale)
+            nbytes = batch * plan.context * 2 * cfg.num_kv_heads * cfg.head_dim * (1 if kv == "fp8" else 2)
+            rows.append(micro_row(f"decode attention {kv} kv", batch, nbytes, gbps, device, plan,
+                                  lambda q=q, c=cache, t=tables, n=lens, p=params: paged_decode_attention(
+                                      q, c.key, c.value, t, n, p),
+                                  lambda q=q, c=cache, t=tables, n=lens, p=params: paged_decode_reference(
+                                      q, c.key, c.value, t, n, p)))
+    return rows
+
+
+def replace_layers(cfg: Qwen3Config) -> Qwen3Config:
+    """``cfg`` with one layer (one cache to allocate)."""
+    from dataclasses import replace
+
+    return replace(cfg, num_layers=1)
+
+
+def micro_row(kernel: str, m: int, nbytes: int, gbps: float, device: torch.device, plan: Plan,
+              fn: Callable[[], object], reference: Callable[[], object]) -> dict[str, object]:
+    row: dict[str, object] = {"kernel": kernel, "m": m, "floor_us": nbytes / (gbps * 1e9) * 1e6}
+    try:
+        row["dispatch_us"] = time_ms(fn, device, plan.warmup, plan.iters) * 1e3
+        row["reference_us"] = time_ms(reference, device, plan.warmup, plan.iters) * 1e3
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+        traceback.print_exc(file=sys.stderr)
+    return row
+
+
 def measure_prefill(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCache], plan: Plan, weights: str,
                     kv: str, path: str, device: torch.device) -> dict[str, object]:
     """One fresh prompt of ``prefill_tokens`` as a single chunk (the whole forward, logits of its last token)."""
@@ -477,6 +534,12 @@ def table(report: Report) -> str:
         pair = f"{r.weights}/{r.kv}"
         lines.append(f"{pair:<11}{r.batch:>6}{r.context:>6}  {r.path:<8}{'on' if r.graphs else 'off':<7}"
                      f"{step}{r.floor_ms or 0:10.3f}{ratio}{note}")
+    for mr in report.micro:
+        if "error" in mr:
+            lines.append(f"micro {mr['kernel']} m={mr['m']}: {mr['error']}")
+            continue
+        lines.append(f"micro {mr['kernel']:<28} m={mr['m']:<3} dispatch {mr['dispatch_us']:9.1f} us  reference "
+                     f"{mr['reference_us']:9.1f} us  floor {mr['floor_us']:8.1f} us")
     for p in report.prefill:
         tps = p.get("tokens_per_s")
         shown = f"{tps:,.0f} tokens/s" if isinstance(tps, float) else str(p.get("error"))

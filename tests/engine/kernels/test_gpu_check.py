@@ -41,6 +41,8 @@ def test_dry_run_measures_every_row(tmp_path, capsys):
     assert all(p["tokens_per_s"] > 0 for p in report["prefill"])
     for a in report["agreement"]:
         assert "error" not in a and a["max_abs_diff_over_max"] < 1e-2 and a["argmax_agree"] == 1.0
+    assert len(report["micro"]) == 8 + 4
+    assert all("error" not in m and m["dispatch_us"] > 0 and m["floor_us"] > 0 for m in report["micro"])
     assert "x floor" in capsys.readouterr().out
 
 
