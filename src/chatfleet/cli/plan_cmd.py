@@ -6,22 +6,14 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from chatfleet.cli import plan_sim_cmd
+from chatfleet.cli.plan_output import O_CATALOG, out
+from chatfleet.cli.plan_output import fail as _fail
 from chatfleet.engine.config import parse_memory_size
 from chatfleet.errors import ChatfleetError
 
 plan_app = typer.Typer(help="Memory math and capacity prediction for GPUs you do not have.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
-
-O_CATALOG = typer.Option(None, "--catalog", help="A YAML GPU catalog extending the packaged one (same layout).")
-
-
-def _fail(e: Exception) -> None:
-    msg = e.message if isinstance(e, ChatfleetError) else str(e)
-    err.print(f"[red]error:[/] {msg}")
-    raise typer.Exit(2)
 
 
 def _lengths(profile: str, lengths: str | None):
@@ -96,9 +88,9 @@ def gpus_cmd(catalog: Path | None = O_CATALOG) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `plan` command group to `app`."""
-    from chatfleet.cli import plan_sim_cmd  # noqa: F401  (registers `plan sweep` and `plan fleet`)
-
+    """Add the `plan` command group to `app`: the commands here, then the simulated ones
+    (`plan sweep`, `fleet`, `host-tier`, `calibrate`)."""
+    plan_sim_cmd.register(plan_app)
     app.add_typer(plan_app, name="plan")
 
 

@@ -14,7 +14,8 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource
 from chatfleet.bench.sweep import SweepSpec
 from chatfleet.bench.workload import PROFILES, get_profile
-from chatfleet.cli.plan_cmd import O_CATALOG, _fail, out, plan_app
+from chatfleet.cli.plan_output import O_CATALOG, out
+from chatfleet.cli.plan_output import fail as _fail
 from chatfleet.engine.config import SchedulerConfig, parse_memory_size
 from chatfleet.errors import ChatfleetError
 
@@ -62,7 +63,6 @@ def replica_from_options(model, gpu, catalog, weights, kv, memory_fraction, budg
     return g, s, replica_plan(cfg, g, s, fast=not check_contents, token_scale=token_scale)
 
 
-@plan_app.command("sweep")
 def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_CATALOG, weights: str = O_WEIGHTS,
                kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
@@ -111,7 +111,6 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
         out.print(f"report: {html}")
 
 
-@plan_app.command("fleet")
 def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_CATALOG, weights: str = O_WEIGHTS,
                kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
@@ -164,7 +163,6 @@ def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
               + ("" if sizing.extra is None else f" ({sizing.extra:+d})") + f"  ({wall:.1f} s of wall time)")
 
 
-@plan_app.command("host-tier")
 def plan_host_tier(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_CATALOG, weights: str = O_WEIGHTS,
                    kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                    kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK,
@@ -203,7 +201,6 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-@plan_app.command("calibrate")
 def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` result measured against the engine."),
                    model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_CATALOG, weights: str = O_WEIGHTS,
                    kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
@@ -254,3 +251,11 @@ def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` 
     entry["source"] = f"{g.source}; efficiencies calibrated on {result.name}"
     out_catalog.write_text(yaml.safe_dump({"gpus": {g.name: entry}}, sort_keys=False))
     out.print(f"catalog: {out_catalog} (use with --catalog)")
+
+
+def register(plan_app: typer.Typer) -> None:
+    """Add the simulated commands to the `plan` group."""
+    plan_app.command("sweep")(plan_sweep)
+    plan_app.command("fleet")(plan_fleet)
+    plan_app.command("host-tier")(plan_host_tier)
+    plan_app.command("calibrate")(plan_calibrate)
