@@ -15,6 +15,7 @@ import typer
 from chatfleet.cli.errors import check_port
 from chatfleet.errors import ChatfleetError, ConfigError
 from chatfleet.gateway.config import GatewayConfig, Profile, load_profile, read_knee
+from chatfleet.protocol.api_keys import API_KEYS_ENV, keys_from_env, split_keys
 
 _G = GatewayConfig()
 
@@ -28,8 +29,7 @@ _CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON resu
 _CAPS_SERIES = typer.Option(None, "--caps-series", help="Series of --caps-from to read (if it holds several).")
 _QUEUE = typer.Option(None, "--queue-size", help=f"Requests that may wait (default: {_G.queue_size}).")
 _WAIT = typer.Option(None, "--max-queue-wait", help=f"Seconds a request may wait (default: {_G.max_queue_wait_s:g}).")
-_KEYS = typer.Option(None, "--api-key", envvar="CHATFLEET_API_KEYS",
-                     help="Accepted Bearer key; repeat, or comma-separate in CHATFLEET_API_KEYS.")
+_KEYS = typer.Option(None, "--api-key", help=f"Accepted Bearer key; repeat, or comma-separate in {API_KEYS_ENV}.")
 _HEADER = typer.Option(None, "--session-header", help=f"Session-id header (default: {_G.session_header}).")
 _POLICY = typer.Option(None, "--routing-policy", help=f"Routing policy (default: {_G.routing_policy}).")
 _LOG = typer.Option(None, "--log-level", help=f"Log level (default: {_G.log_level}).")
@@ -63,7 +63,8 @@ def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, sessi
            routing_policy, log_level, connect_timeout=None, read_timeout=None, total_timeout=None,
            max_body_bytes=None, max_queued_new=None, session_ttl=None) -> dict[str, Any]:
     return {"host": host, "port": port, "max_in_flight": max_in_flight, "queue_size": queue_size,
-            "max_queue_wait_s": max_queue_wait, "api_keys": api_key or None,
+            "max_queue_wait_s": max_queue_wait,
+            "api_keys": split_keys(api_key) if api_key else (keys_from_env() or None),
             "session_header": session_header, "routing_policy": routing_policy, "log_level": log_level,
             "connect_timeout_s": connect_timeout, "read_timeout_s": read_timeout,
             "total_timeout_s": total_timeout, "max_body_bytes": max_body_bytes,

@@ -1,7 +1,7 @@
 """``python -m chatfleet.engine FLAGS``: one engine process, as the launcher starts it.
 
 The flags are ``engine/argv.py``'s (``engine_argv`` writes them from an ``EngineConfig``); without
-``--api-key`` the keys come from ``$CHATFLEET_API_KEY``, as for ``chatfleet engine``. A bad flag
+``--api-key`` the keys come from ``$CHATFLEET_API_KEYS``, as for ``chatfleet engine``. A bad flag
 or config fails with one line and exit code 2.
 """
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from chatfleet.errors import ConfigError
+from chatfleet.protocol.api_keys import API_KEYS_ENV, keys_from_env, split_keys
 from chatfleet.protocol.body_limit import DEFAULT_MAX_BODY_BYTES
 
-API_KEY_ENV = "CHATFLEET_API_KEY"
+API_KEY_ENV = API_KEYS_ENV  # one name for every server (the old CHATFLEET_API_KEY still read, with a warning)
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,6 @@ class ServerOptions:
             raise ConfigError("tokenizer workers must be >= 1")
 
     @staticmethod
-    def keys_from(flag: str | None, environ: dict[str, str] | None = None) -> tuple[str, ...]:
-        """Keys from ``--api-key`` (comma-separated) or else the ``CHATFLEET_API_KEY`` variable."""
-        value = flag if flag is not None else (os.environ if environ is None else environ).get(API_KEY_ENV)
-        if not value:
-            return ()
-        return tuple(k.strip() for k in value.split(",") if k.strip())
+    def keys_from(flag: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """Keys from ``--api-key`` (comma-separated) or else ``CHATFLEET_API_KEYS`` (``protocol.api_keys``)."""
+        return split_keys(flag) if flag is not None else keys_from_env(environ)
