@@ -120,3 +120,13 @@ def test_fleet_refuses_a_result_without_a_knee_unless_told_the_level(tmp_path):
     swept.write_text(json.dumps(result_document("sweep", {}, {"http://x": sweep_series(10, True)})))
     sized = CliRunner().invoke(app, ["fleet", str(swept), "--peak", "100"])
     assert sized.exit_code == 0 and "10" in sized.output
+
+
+@pytest.mark.parametrize("command", [["bench"], ["sweep"], ["fleet"], ["workload"], ["gateway"], ["serve"],
+                                     ["demo"], ["gate"], ["model", "tiny"], []])
+def test_help_reads_at_80_columns(command):
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert not [line for line in lines if "…" in line], "help cuts a flag name or a word at 80 columns"

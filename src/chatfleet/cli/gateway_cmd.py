@@ -123,7 +123,8 @@ def serve(
     model: str | None = typer.Option(None, "--model", help="tiny, small, or a local HF folder (default: tiny)."),
     threads_per_replica: int | None = typer.Option(None, "--threads-per-replica", help="torch threads each (default: cores / replicas)."),
     engine_port_base: int | None = typer.Option(None, "--engine-port-base", help="First engine port (default: free ports)."),
-    engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help="Extra `chatfleet engine` flag, e.g. --engine-arg=--kv-cache-tokens=8192."),
+    engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help="Extra `chatfleet engine` flag, "
+                                                "e.g. --engine-arg --kv-cache-tokens=8192 (repeat for more)."),
     replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
     port: int | None = _PORT, max_in_flight: int | None = _CAP, caps_from: Path | None = _CAPS_FROM,
     caps_series: str | None = _CAPS_SERIES, queue_size: int | None = _QUEUE, max_queue_wait: float | None = _WAIT,
