@@ -130,3 +130,16 @@ def test_help_reads_at_80_columns(command):
     lines = result.output.splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert not [line for line in lines if "…" in line], "help cuts a flag name or a word at 80 columns"
+
+
+def test_plan_memory_takes_the_one_size_syntax():
+    def host_line(*flag):
+        r = CliRunner().invoke(app, ["plan", "memory", "--model", "tiny", "--gpu", "L4", "--json", *flag])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    sized = host_line("--host-cache-memory", "12GiB")
+    assert sized == host_line("--host-cache", "12") == host_line("--host-cache-memory", "12884901888")
+    assert sized != host_line()
+    assert "cannot parse memory size" in one_line_error(["plan", "memory", "--model", "tiny", "--gpu", "L4",
+                                                         "--host-cache-memory", "lots"])

@@ -40,7 +40,8 @@ def memory_cmd(
                                                  help="Share of the GPU's memory for the replica (default 0.9)."),
     budget: str | None = typer.Option(None, "--budget", help="Bytes for weights + KV cache (e.g. '20GiB')."),
     reserve: str = typer.Option("1GiB", "--reserve", help="With --memory-fraction: activations and runtime overhead."),
-    host_cache: float = typer.Option(0.0, "--host-cache", help="Host-memory KV tier in GiB (0: none)."),
+    host_cache: str = typer.Option("0", "--host-cache-memory", "--host-cache",
+                                   help="Host-memory KV tier (e.g. '64GiB'; 0: none)."),
     block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
     profile: str = typer.Option("seed-roleplay", "--profile", help="Bench profile whose live-chat lengths to fit."),
     lengths: str | None = typer.Option(None, "--lengths", help="Instead of --profile: 'mean=5500,p95=9000'."),
@@ -57,7 +58,7 @@ def memory_cmd(
         cfg, _ = read_model_config(model)
         b = budget_for(g, memory_fraction, parse_memory_size(budget) if budget else None, parse_memory_size(reserve))
         report = memory_report(cfg, g, _lengths(profile, lengths), weights=weights, kv=kv, budget_bytes=b,
-                               host_bytes=int(host_cache * 2**30), block_size=block_size,
+                               host_bytes=parse_memory_size(host_cache), block_size=block_size,
                                language_model_only=not with_towers)
     except ChatfleetError as e:
         _fail(e)
