@@ -26,7 +26,7 @@ from pathlib import Path
 
 from chatfleet.bench.dists import make
 from chatfleet.bench.replay import ReplayConfig, ReplayResult, TraceSpec, make_trace, replay, working_set_tokens
-from chatfleet.engine.kv.eviction import EVICTION_POLICIES
+from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_TURNS = (5, 6)

@@ -35,6 +35,8 @@ TABLE = [
                   scheduler=SchedulerConfig(max_queue_delay=0.0, lpm_host_weight=0.0)),
      EngineServer(port=65535, options=ServerOptions(request_timeout_s=1e9))),
     (EngineConfig(cache=CacheConfig(memory_bytes=512)), EngineServer()),  # 512 bytes, not 512 GiB
+    (EngineConfig(model="--", served_model_name="--port"),  # values that look like flags
+     EngineServer(options=ServerOptions(api_keys=("-k", "--", "a=b")))),
 ]
 
 

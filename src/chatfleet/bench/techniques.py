@@ -52,7 +52,7 @@ def engine_fields() -> frozenset[str]:
 
 def _policy_known(kind: str, name: str) -> bool:
     if kind == "eviction":
-        from chatfleet.engine.kv.eviction import EVICTION_POLICIES
+        from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 
         return name in EVICTION_POLICIES
     from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES

@@ -14,11 +14,9 @@ starts with ``-`` is written ``--flag=-value``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 from chatfleet.engine.api.options import ServerOptions
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, parse_memory_size
@@ -168,33 +166,52 @@ def engine_argv(config: EngineConfig, server: EngineServer = EngineServer()) -> 
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"engine arguments: {message}")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m chatfleet.engine", add_help=False, allow_abbrev=False)
+def _by_name() -> dict[str, tuple[Flag, object]]:
+    """Each flag name the parser takes, with the field value it sets (None: the value follows)."""
+    out: dict[str, tuple[Flag, object]] = {}
     for flag in FLAGS:
         section, name = flag.path.split(".")
-        default = getattr(_DEFAULTS[section], name)
         if flag.kind == "switch":
-            parser.add_argument(flag.name, dest=flag.path, action="store_const", const=not default, default=default)
+            out[flag.name] = (flag, not getattr(_DEFAULTS[section], name))
         elif flag.kind == "bool":
-            parser.add_argument(flag.name, dest=flag.path, action=argparse.BooleanOptionalAction, default=default)
+            out[flag.name] = (flag, True)
+            out["--no-" + flag.name[2:]] = (flag, False)
         else:
-            parser.add_argument(flag.name, dest=flag.path, type=_READ[flag.kind], default=default)
-    return parser
+            out[flag.name] = (flag, None)
+    return out
+
+
+_NAMES = _by_name()
 
 
 def parse_engine_argv(argv: Sequence[str]) -> tuple[EngineConfig, EngineServer]:
     """The inverse of ``engine_argv``: the config and server the flags give over the defaults
-    (a flag given twice: the later wins)."""
-    parsed = vars(_parser().parse_args(list(argv)))  # a bad flag or value: ConfigError
+    (a flag given twice: the later wins). ``--flag value`` and ``--flag=value`` both work; a bad
+    flag or value is a ``ConfigError``."""
     values: dict[str, dict[str, object]] = {section: {} for section in SECTIONS}
-    for path, value in parsed.items():
-        section, name = path.split(".")
-        values[section][name] = value
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        name, eq, inline = args[i].partition("=")
+        if name not in _NAMES:
+            raise ConfigError(f"engine arguments: unknown flag {args[i]!r}")
+        flag, value = _NAMES[name]
+        if value is not None:  # a switch or one side of a boolean pair
+            if eq:
+                raise ConfigError(f"engine arguments: {name} takes no value")
+        else:
+            if not eq:
+                i += 1
+                if i == len(args):
+                    raise ConfigError(f"engine arguments: {name} needs a value")
+                inline = args[i]
+            try:
+                value = _READ[flag.kind](inline)
+            except ValueError:
+                raise ConfigError(f"engine arguments: {name}: not a valid {flag.kind}: {inline!r}") from None
+        section, field_name = flag.path.split(".")
+        values[section][field_name] = value
+        i += 1
     config = EngineConfig(**values["engine"], cache=CacheConfig(**values["cache"]),  # type: ignore[arg-type]
                           scheduler=SchedulerConfig(**values["scheduler"]))  # type: ignore[arg-type]
     server = EngineServer(**values["server"], options=ServerOptions(**values["options"]))  # type: ignore[arg-type]

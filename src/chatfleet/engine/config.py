@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
+from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
 from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
 
@@ -49,8 +51,6 @@ class CacheConfig:
     keep_slid_out_blocks: bool = True  # blocks that slid out of the window stay cached for the next turn
 
     def __post_init__(self) -> None:
-        from chatfleet.engine.kv.eviction import EVICTION_POLICIES
-
         EVICTION_POLICIES.check(self.eviction_policy)
         EVICTION_POLICIES.check(self.host_eviction_policy)
         if self.host_memory_bytes < 0:
@@ -103,8 +103,6 @@ class SchedulerConfig:
     lpm_host_weight: float = 0.5  # a host-tier hit token counts this much of a device hit (lpm)
 
     def __post_init__(self) -> None:
-        from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
-
         SCHEDULING_POLICIES.check(self.policy)
         if not self.max_queue_delay >= 0:
             raise ConfigError(f"max_queue_delay must be >= 0 seconds, got {self.max_queue_delay}")

@@ -3,8 +3,9 @@
 A policy owns the waiting queue. The scheduler ``push``es new requests, ``push_front``s
 preempted ones, asks ``candidates(now, limit)`` for the requests to try admitting this step, in
 order, and asks ``select_victim`` which running request to preempt when the pool is full. A
-policy built by name (``SchedulerConfig.policy``, one registry) gets the KV manager, the config
-and the clock.
+policy built by name (``SchedulerConfig.policy``, one registry) gets the KV manager, its
+settings (``PolicySettings``: the fields of ``SchedulerConfig`` it reads; the config checks
+its policy name here, so this module does not import the config) and the clock.
 
 - ``fcfs`` (stock): arrival order, head-of-line: if the first request does not fit, nothing
   behind it starts.
@@ -29,10 +30,18 @@ from chatfleet.engine.request import Request, RequestStatus
 from chatfleet.registry import Registry
 
 if TYPE_CHECKING:
-    from chatfleet.engine.config import SchedulerConfig
     from chatfleet.engine.kv.base import KVManager
 
 Clock = Callable[[], float]
+
+
+class PolicySettings(Protocol):
+    """What a policy reads of the scheduler's config (``SchedulerConfig`` is one)."""
+
+    @property
+    def max_queue_delay(self) -> float: ...  # seconds after which a waiting request goes first (lpm)
+    @property
+    def lpm_host_weight(self) -> float: ...  # a host-tier hit token's weight against a device hit (lpm)
 
 
 class SchedulingPolicy(Protocol):
@@ -68,7 +77,7 @@ class FCFSPolicy:
     name = "fcfs"
     head_of_line = True
 
-    def __init__(self, kv: KVManager | None = None, config: SchedulerConfig | None = None,
+    def __init__(self, kv: KVManager | None = None, config: PolicySettings | None = None,
                  clock: Clock = time.monotonic) -> None:
         self._queue: deque[Request] = deque()
 
@@ -123,7 +132,7 @@ class LongestPrefixMatchPolicy:
     name = "lpm"
     head_of_line = False
 
-    def __init__(self, kv: KVManager, config: SchedulerConfig, clock: Clock = time.monotonic,
+    def __init__(self, kv: KVManager, config: PolicySettings, clock: Clock = time.monotonic,
                  refresh_per_step: int = 32) -> None:
         self.kv = kv
         self.max_queue_delay = config.max_queue_delay
@@ -205,6 +214,6 @@ class LongestPrefixMatchPolicy:
         return iter(list(self._queue.values()))
 
 
-def make_scheduling_policy(name: str, kv: KVManager | None = None, config: SchedulerConfig | None = None,
+def make_scheduling_policy(name: str, kv: KVManager | None = None, config: PolicySettings | None = None,
                            clock: Clock = time.monotonic) -> SchedulingPolicy:
     return SCHEDULING_POLICIES.make(name, kv, config, clock)

@@ -1,7 +1,7 @@
 import pytest
 
 from chatfleet.engine.kv.block_pool import BlockPool, KVIntegrityError
-from chatfleet.engine.kv.eviction import make_eviction_policy
+from chatfleet.engine.kv.eviction_policies import make_eviction_policy
 from chatfleet.engine.kv.prefix_cache import hash_block
 from chatfleet.errors import ConfigError
 

@@ -3,7 +3,7 @@
 import pytest
 
 from chatfleet.engine.kv.block import BlockHint, KVBlock
-from chatfleet.engine.kv.eviction import EVICTION_POLICIES, make_eviction_policy
+from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES, make_eviction_policy
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import ConfigError
 

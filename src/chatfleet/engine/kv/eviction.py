@@ -5,8 +5,8 @@ A policy holds the cached blocks nobody references. The pool ``add``s a block (w
 reference goes, ``remove``s it when a prefix-cache hit revives it, and ``pop``s a victim when
 it needs memory. A policy is built with the clock and the engine's ``SessionPauses`` (how long
 conversations pause, learned from their turns; ``pauses.py``). The device and the host pool
-each have one, built by name from one registry (``CacheConfig.eviction_policy`` /
-``host_eviction_policy``):
+each have one, built by name from one registry (``eviction_policies.py``;
+``CacheConfig.eviction_policy`` / ``host_eviction_policy``):
 
 - ``lru`` (stock): least recently released first.
 - ``lfu``: fewest uses first, least recently released among equals.
@@ -25,7 +25,6 @@ from typing import Protocol
 from chatfleet.engine.kv.block import BlockHint, KVBlock
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import KVIntegrityError
-from chatfleet.registry import Registry
 
 Clock = Callable[[], float]
 
@@ -42,10 +41,6 @@ class EvictionPolicy(Protocol):
     def __iter__(self) -> Iterator[KVBlock]: ...
 
 
-EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy")
-
-
-@EVICTION_POLICIES.register("lru")
 class LRUEviction:
     """Least recently released first. Blocks of one request are released tail first, so a
     prompt's tail goes before its head (a head is shared by more future requests)."""
@@ -76,7 +71,6 @@ class LRUEviction:
         return iter(self._queue.values())
 
 
-@EVICTION_POLICIES.register("lfu")
 class LFUEviction:
     """Fewest uses (requests that held the block) first; among equals, least recently released.
 
@@ -118,12 +112,3 @@ class LFUEviction:
 
     def __iter__(self) -> Iterator[KVBlock]:
         return (b for _, seq, b in self._heap if self._live.get(b.block_id) == seq)
-
-
-def make_eviction_policy(name: str, clock: Clock = time.monotonic,
-                         pauses: SessionPauses | None = None) -> EvictionPolicy:
-    return EVICTION_POLICIES.make(name, clock=clock, pauses=pauses)
-
-
-# Registers "session" (its own module: the pause model and grouped heap).
-from chatfleet.engine.kv import session_eviction as _session_eviction  # noqa: F401

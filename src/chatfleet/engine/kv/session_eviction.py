@@ -43,14 +43,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 
 from chatfleet.engine.kv.block import BlockHint, KVBlock
-from chatfleet.engine.kv.eviction import EVICTION_POLICIES
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import KVIntegrityError
 
 _MAX_SHARING = 8  # sharing levels beyond this are one group
 
 
-@EVICTION_POLICIES.register("session")
 class SessionEviction:
     name = "session"
     horizon_fraction = 0.1  # H as a fraction of the median pause (see the module docstring)
