@@ -7,10 +7,9 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.errors import ChatfleetError, ConfigError
-from chatfleet.models.tiny import SIZES, build_tiny_model
-from chatfleet.models.tiny_gemma4 import build_tiny_gemma4
+
+SIZE_NAMES = ("tiny", "small")  # chatfleet.models.tiny.SIZES, named here so --help needs no torch
 
 model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=True)
 
@@ -18,7 +17,7 @@ model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=
 @model_app.command("tiny")
 def tiny(
     out: Path = typer.Option(..., "--out", help="Folder to write the Hugging Face model into."),
-    size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZES)}."),
+    size: str = typer.Option("tiny", "--size", help=f"One of: {', '.join(SIZE_NAMES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
     fp8: bool = typer.Option(
         False, "--fp8", help="Write an FP8 checkpoint (e4m3 linears, block-wise [128,128] weight_scale_inv)."
@@ -29,6 +28,10 @@ def tiny(
                                     help="gemma4: a Gemma4ForConditionalGeneration folder with a vision tower."),
 ) -> None:
     """Build a model with seeded random weights and a local BPE tokenizer (Qwen3 or Gemma 4 layout)."""
+    from chatfleet.engine.models.fp8_format import FP8WeightFormat
+    from chatfleet.models.tiny import build_tiny_model
+    from chatfleet.models.tiny_gemma4 import build_tiny_gemma4
+
     start = time.perf_counter()
     try:
         if arch == "gemma4":

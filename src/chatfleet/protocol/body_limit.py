@@ -12,8 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chatfleet.errors import PayloadTooLargeError
 from chatfleet.protocol.errors import error_response
+from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
 
-DEFAULT_MAX_BODY_BYTES = 8 << 20
 DRAIN_BYTES = 64 << 20
 
 

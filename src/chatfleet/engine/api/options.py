@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from chatfleet.errors import ConfigError
 from chatfleet.protocol.api_keys import API_KEYS_ENV, keys_from_env, split_keys
-from chatfleet.protocol.body_limit import DEFAULT_MAX_BODY_BYTES
+from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
 
 API_KEY_ENV = API_KEYS_ENV  # one name for every server (the old CHATFLEET_API_KEY still read, with a warning)
 
