@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from chatfleet.engine.kv.block import extend_block_hashes
+from chatfleet.engine.block_hash import extend_block_hashes
 from chatfleet.engine.request import Request, SamplingParams
 from chatfleet.plan.session_hashes import SessionHashes
 

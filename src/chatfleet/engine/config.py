@@ -9,6 +9,7 @@ from typing import Any
 
 from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
+from chatfleet.engine.models.backends import KERNEL_BACKENDS
 from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
 from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
@@ -30,7 +31,6 @@ def parse_memory_size(value: str | int | float) -> int:
     return int(number * scale)
 
 
-KERNEL_BACKENDS = ("auto", "onednn", "torch")  # see engine/models/linear.py
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")  # auto: the model's dtype; fp8: e4m3
 QUANTIZATIONS = ("fp8",)  # --quantization: quantize a 16/32-bit checkpoint's linears at load
 EMBEDDING_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: one table, per-row scales

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from chatfleet.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from chatfleet.engine.kv.block import BlockHash
+    from chatfleet.engine.block_hash import BlockHash
 
 
 class RequestStatus(enum.IntEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from chatfleet.engine.kv.block import BlockHash
+from chatfleet.engine.block_hash import BlockHash
 from chatfleet.engine.request import Request
 
 MAX_SESSIONS = 1024  # sessions (and prefix groups) remembered, oldest dropped: enough for the live chats of a replica

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from chatfleet.engine.kv.block import extend_block_hashes, hash_block
+from chatfleet.engine.block_hash import extend_block_hashes, hash_block
 from chatfleet.engine.kv.block_pool import BlockPool
 
 BS = 4
@@ -13,7 +13,7 @@ BS = 4
 
 def test_hash_is_stable_across_processes():
     code = (
-        "from chatfleet.engine.kv.block import extend_block_hashes;"
+        "from chatfleet.engine.block_hash import extend_block_hashes;"
         "print([h.value for h in extend_block_hashes([], list(range(12)), 4, 'salt')])"
     )
     env_hashseeds = []

@@ -1,8 +1,8 @@
 import pytest
 
+from chatfleet.engine.block_hash import hash_block
 from chatfleet.engine.kv.block_pool import BlockPool, KVIntegrityError
 from chatfleet.engine.kv.eviction_policies import make_eviction_policy
-from chatfleet.engine.kv.prefix_cache import hash_block
 from chatfleet.errors import ConfigError
 
 

@@ -178,7 +178,7 @@ def test_free_unknown_request_is_noop():
 
 
 def test_a_waiting_request_is_hashed_once_not_every_step(monkeypatch):
-    from chatfleet.engine.kv import block
+    from chatfleet.engine import block_hash as block
 
     calls = []
     real = block.hash_block

@@ -1,9 +1,6 @@
+from chatfleet.engine.block_hash import extend_block_hashes, hash_block
 from chatfleet.engine.kv.block_pool import BlockPool
-from chatfleet.engine.kv.prefix_cache import (
-    PrefixCache,
-    extend_block_hashes,
-    hash_block,
-)
+from chatfleet.engine.kv.prefix_cache import PrefixCache
 
 BS = 4
 

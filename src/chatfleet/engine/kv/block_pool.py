@@ -21,7 +21,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from chatfleet.engine.kv.block import BlockHash, BlockHint, KVBlock
+from chatfleet.engine.block_hash import BlockHash
+from chatfleet.engine.kv.block import BlockHint, KVBlock
 from chatfleet.engine.kv.eviction_policies import make_eviction_policy
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.errors import ChatfleetError, KVIntegrityError

@@ -29,8 +29,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chatfleet.engine.block_hash import BlockHash, extend_block_hashes
 from chatfleet.engine.kv.base import KVBlocks, KVStats
-from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
+from chatfleet.engine.kv.block import KVBlock
 from chatfleet.engine.kv.block_pool import BlockPool
 from chatfleet.engine.kv.pauses import SessionPauses
 from chatfleet.engine.kv.prefix_cache import NO_MATCH, MatchResult, PrefixCache

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from chatfleet.engine.block_hash import BlockHash, extend_block_hashes
 from chatfleet.engine.kv.base import KVBlocks, KVStats
-from chatfleet.engine.kv.block import BlockHash, KVBlock, extend_block_hashes
+from chatfleet.engine.kv.block import KVBlock
 from chatfleet.engine.kv.block_pool import BlockPool, Eviction
 from chatfleet.engine.kv.host_tier import HostTier
 from chatfleet.engine.kv.pauses import SessionPauses

@@ -11,16 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from chatfleet.engine.kv.block import (
-    BlockHash,
-    KVBlock,
-    extend_block_hashes,
-    hash_block,
-)
+from chatfleet.engine.block_hash import BlockHash, extend_block_hashes
+from chatfleet.engine.kv.block import KVBlock
 from chatfleet.engine.kv.block_pool import BlockPool
 from chatfleet.errors import KVIntegrityError
 
-__all__ = ["MatchResult", "PrefixCache", "extend_block_hashes", "hash_block"]
+__all__ = ["MatchResult", "PrefixCache"]
 
 
 @dataclass(frozen=True)

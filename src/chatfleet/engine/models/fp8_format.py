@@ -147,3 +147,13 @@ class FP8WeightFormat:
         if self.granularity == "block":
             out["weight_block_size"] = list(self.block)
         return out
+
+
+def weights_format_for(config: Mapping[str, Any], quantization: str | None) -> FP8WeightFormat | None:
+    """The FP8 format the linears end up in: the checkpoint's, or block-wise when quantizing at load."""
+    if quantization not in (None, "fp8"):
+        raise ConfigError(f"unknown quantization {quantization!r}; valid: fp8 (or none)")
+    declared = FP8WeightFormat.from_hf(config)
+    if declared is not None or quantization is None:
+        return declared
+    return FP8WeightFormat()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chatfleet.engine.config import KERNEL_BACKENDS
+from chatfleet.engine.models.backends import KERNEL_BACKENDS
 from chatfleet.errors import ConfigError
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)

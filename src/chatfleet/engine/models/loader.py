@@ -12,11 +12,10 @@ from pathlib import Path
 import torch
 
 from chatfleet.engine.models.checkpoint import LoadedModel, read_hf_config
-from chatfleet.engine.models.fp8_format import FP8WeightFormat
+from chatfleet.engine.models.fp8_format import FP8WeightFormat, weights_format_for
 from chatfleet.engine.models.gemma4_config import is_gemma4
 from chatfleet.engine.models.gemma4_weights import load_gemma4
 from chatfleet.engine.models.qwen3_weights import load_qwen3
-from chatfleet.engine.sizing.memory import weights_format_for
 from chatfleet.errors import ConfigError
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
-from chatfleet.engine.models.fp8_format import SCALE_BYTES, FP8WeightFormat
+from chatfleet.engine.models.fp8_format import SCALE_BYTES, FP8WeightFormat, weights_format_for
 from chatfleet.engine.sizing.config_readers import model_shape
 from chatfleet.engine.sizing.tensors import TENSOR_CLASSES, TOWER_CLASSES, TensorShape
 from chatfleet.errors import ConfigError
@@ -39,7 +39,6 @@ _ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "
 BREAKDOWN_CLASSES = TENSOR_CLASSES + ("scales",)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
 EMBEDDING_DTYPES = ("auto", "fp8")
-QUANTIZATIONS = (None, "fp8")
 
 
 def normalize_dtype(name: str, allowed: tuple[str, ...] = ("float32", "bfloat16", "float16")) -> str:
@@ -155,16 +154,6 @@ class MemoryBreakdown:
 
 def _kv(name: str) -> str:
     return _ALIASES.get(name, name)
-
-
-def weights_format_for(config: Mapping[str, Any], quantization: str | None) -> FP8WeightFormat | None:
-    """The FP8 format the linears end up in: the checkpoint's, or block-wise when quantizing at load."""
-    if quantization not in QUANTIZATIONS:
-        raise ConfigError(f"unknown quantization {quantization!r}; valid: fp8 (or none)")
-    declared = FP8WeightFormat.from_hf(config)
-    if declared is not None or quantization is None:
-        return declared
-    return FP8WeightFormat()
 
 
 def _price(t: TensorShape, dtype: str, fmt: FP8WeightFormat | None, fp8_embedding: bool,

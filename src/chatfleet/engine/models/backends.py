@@ -1,0 +1,7 @@
+"""The names of the kernel backends that run a model's products (``linear.py`` implements them):
+``auto`` (oneDNN on CPU where available, else torch), ``onednn``, ``torch``. Torch-free, so the
+engine's config checks a name without importing the kernels."""
+
+from __future__ import annotations
+
+KERNEL_BACKENDS = ("auto", "onednn", "torch")
