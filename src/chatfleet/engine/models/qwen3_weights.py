@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +180,7 @@ def _place_fp8(model: Qwen3ForCausalLM, weights: dict[tuple[str, int | None], to
     return loaded
 
 
-def load_qwen3(folder: Path, hf_config: Mapping[str, Any], dtype: str | torch.dtype, device: str | torch.device,
+def load_qwen3(folder: Path, hf_config: dict[str, Any], dtype: str | torch.dtype, device: str | torch.device,
                kernels: str, fmt: FP8WeightFormat | None, embedding_dtype: str) -> LoadedModel:
     """A Qwen3 folder as a ``LoadedModel`` (see ``loader.load_model`` for the arguments)."""
     cfg = Qwen3Config.from_hf(hf_config)
