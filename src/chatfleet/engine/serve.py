@@ -1,18 +1,43 @@
 """Run one engine process: check the KV pools fit, set torch's threads, serve HTTP until stopped.
 
+The engine's own log (the memory table and the KV pool at start-up) goes to the console at the
+server's ``--log-level``, beside uvicorn's lines and in their format.
+
 Both entries end here: ``chatfleet engine`` (typer flags) and ``python -m chatfleet.engine``
 (the launcher's argv, ``engine/argv.py``).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
+
 from chatfleet.engine.argv import EngineServer
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.memory_check import check_kv_fits
 
 
+class _UvicornStyle(logging.Formatter):
+    """'INFO:     message', as uvicorn prints its own lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname + ':':<10}{super().format(record)}"
+
+
+def console_logging(level: str) -> None:
+    """The ``chatfleet`` loggers to stderr at ``level`` (uvicorn's names; 'trace' is debug)."""
+    logger = logging.getLogger("chatfleet")
+    if not any(getattr(h, "chatfleet_console", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_UvicornStyle())
+        handler.chatfleet_console = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel("DEBUG" if level == "trace" else level.upper())
+
+
 def serve_engine(config: EngineConfig, server: EngineServer) -> None:
     """Serve ``config`` on ``server.host:server.port`` (blocks; ChatfleetError before serving)."""
+    console_logging(server.log_level)
     check_kv_fits(config.cache.memory_bytes or 0, config.cache.host_memory_bytes, config.device)
     if config.num_threads is not None:
         import torch
