@@ -231,8 +231,7 @@ def test_the_gateway_profile_and_flags_are_valid(overlay, tmp_path):
     sources = [a.partition("=")[2] for a in c["args"] if a.startswith("--replicas-from=")]
     assert len(sources) == 1, "the gateway finds the engines through discovery"
     parse_source(sources[0])
-    wired = "--replicas-from" in {d for p in subcommand("gateway").params for d in p.opts}
-    accepts("gateway", c["args"] if wired else [a for a in c["args"] if not a.startswith("--replicas-from=")])
+    accepts("gateway", c["args"])
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
     config_map = find(objects, "ConfigMap", volumes["profile"]["configMap"]["name"])
@@ -243,9 +242,6 @@ def test_the_gateway_profile_and_flags_are_valid(overlay, tmp_path):
     assert config.max_in_flight is not None, "the per-replica cap comes from the measured knee"
     http = next(p for p in c["ports"] if p["name"] == "http")
     assert config.port == http["containerPort"] and config.host == "0.0.0.0"
-    if not wired:
-        pytest.xfail("`chatfleet gateway --replicas-from` is not wired yet (issue 22 point 2): "
-                     "everything else in the gateway's flags and profile checked")
 
 
 @needs_kubectl

@@ -12,12 +12,8 @@ from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-import dns.asyncresolver
-import dns.message
-import dns.rcode
-import dns.rdatatype
-import dns.rrset
 import pytest
+from dns_helpers import LoopbackDns
 
 from chatfleet.errors import ConfigError
 from chatfleet.gateway.discovery import (
@@ -37,10 +33,11 @@ from chatfleet.gateway.discovery import (
 def test_parse_sources():
     assert parse_source("dns://engines.ns.svc:8000") == DnsSource("engines.ns.svc", 8000)
     assert parse_source("dns://engines:8000?interval=0.5") == DnsSource("engines", 8000, 0.5)
+    assert parse_source("dns://engines:8000?timeout=2&interval=1") == DnsSource("engines", 8000, 1.0, 2.0)
     assert parse_source("k8s://prod/engines") == K8sSource("prod", "engines")
     assert parse_source("k8s://prod/engines:http") == K8sSource("prod", "engines", "http")
     assert str(parse_source("k8s://prod/engines:http")) == "k8s://prod/engines:http"
-    for bad in ("dns://engines", "dns://:8000", "dns://e:8000?ttl=3", "dns://e:8000?interval=0",
+    for bad in ("dns://engines", "dns://:8000", "dns://e:8000?ttl=3", "dns://e:8000?interval=0", "dns://e:8000?timeout=x",
                 "k8s://prod", "k8s://prod/a/b", "http://engines:8000", "engines:8000"):
         with pytest.raises(ConfigError):
             parse_source(bad)
@@ -109,53 +106,6 @@ class Collector:
 # -- DNS ------------------------------------------------------------------------------------
 
 
-class LoopbackDns:
-    """A UDP DNS server on 127.0.0.1 answering A queries from ``records`` (name -> addresses);
-    a name not there is NXDOMAIN; ``silent`` makes it drop every query (a resolver timeout)."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, list[str]] = {}
-        self.silent = False
-        self.queries = 0
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data, peer = self.sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            self.queries += 1
-            if self.silent:
-                continue
-            query = dns.message.from_wire(data)
-            reply = dns.message.make_response(query)
-            question = query.question[0]
-            name = question.name.to_text().rstrip(".")
-            if name not in self.records:
-                reply.set_rcode(dns.rcode.NXDOMAIN)
-            elif question.rdtype == dns.rdatatype.A and self.records[name]:
-                reply.answer.append(dns.rrset.from_text_list(question.name, 5, "IN", "A", self.records[name]))
-            self.sock.sendto(reply.to_wire(), peer)
-
-    def resolver(self) -> dns.asyncresolver.Resolver:
-        resolver = dns.asyncresolver.Resolver(configure=False)
-        resolver.nameservers = ["127.0.0.1"]
-        resolver.port = self.port
-        return resolver
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-
-
 @pytest.fixture
 def loopback_dns():
     server = LoopbackDns()
@@ -194,25 +144,29 @@ def test_dns_discovery_follows_the_records(loopback_dns):
 
 
 def test_dns_failure_keeps_the_last_set(loopback_dns):
+    """No wall-clock bound to miss on a loaded machine: what happens while the server is silent is
+    read after the resolver has given up on several queries (counted at the server)."""
     loopback_dns.records["engines"] = ["10.0.0.1"]
-    discovery = DnsDiscovery(DnsSource("engines", 8000, interval_s=0.2), loopback_dns.resolver())
+    discovery = DnsDiscovery(DnsSource("engines", 8000, interval_s=0.05, timeout_s=0.5), loopback_dns.resolver())
 
-    async def scenario() -> tuple[list[tuple[str, ...]], DiscoveredReplicas | None]:
+    async def scenario() -> tuple[list[tuple[str, ...]], DiscoveredReplicas | None, int]:
         changes = Collector(discovery.changes())
         first = await changes.take()
         loopback_dns.silent = True
         failed = await discovery.resolve()
-        # while the server is silent nothing is yielded (no empty set), then the change comes through
-        with pytest.raises(TimeoutError):
-            await changes.take(timeout=0.6)
+        before = loopback_dns.queries
+        while loopback_dns.queries < before + 3:  # query n+1 is sent once query n timed out
+            await asyncio.sleep(0.02)
+        yielded_while_silent = changes.sets.qsize()  # nothing (no empty set) for the failed lookups
         loopback_dns.records["engines"] = ["10.0.0.5"]
         loopback_dns.silent = False
         later = await changes.take()
         await changes.close()
-        return first + later, failed
+        return first + later, failed, yielded_while_silent
 
-    seen, failed = asyncio.run(scenario())
+    seen, failed, yielded_while_silent = asyncio.run(scenario())
     assert failed is None
+    assert yielded_while_silent == 0
     assert seen == [("http://10.0.0.1:8000",), ("http://10.0.0.5:8000",)]
 
 

@@ -38,6 +38,19 @@ _READ = typer.Option(None, "--read-timeout", help=f"Longest silence from a repli
 _TOTAL = typer.Option(None, "--total-timeout", help="Seconds a whole upstream call may take, stream included (default: no limit).")
 _BODY = typer.Option(None, "--max-body-bytes", help=f"Largest request body (default: {_G.max_body_bytes}).")
 _NEWQ = typer.Option(None, "--max-queued-new", help="First turns of new conversations that may wait (default: half of --queue-size).")
+_FROM = typer.Option(None, "--replicas-from", help="Discover replicas: dns://HOST:PORT (a headless Service's "
+                     "A records, re-resolved) or k8s://NAMESPACE/SERVICE (its EndpointSlices; "
+                     "add :PORT to pick a port by name).")
+_STATE = typer.Option(None, "--state", help="redis://HOST:PORT: conversations in progress, shared by every "
+                      "gateway using it.")
+_GATEWAYS = typer.Option(None, "--gateways", help="Gateways in front of the same replicas: each enforces "
+                         "cap / N (default: 1).")
+_ADMIN = typer.Option(None, "--admin-key", help="Bearer key for POST /reset_prefix_cache; repeat for several "
+                      "(default: open only when no --api-key is set).")
+_KEY_CAP = typer.Option(None, "--key-max-in-flight", help="Requests one API key may have in flight "
+                        "(default: no limit).")
+_KEY_TPM = typer.Option(None, "--key-tokens-per-minute", help="Prompt + max_tokens one API key may ask for "
+                        "per minute (default: no limit).")
 _TTL = typer.Option(None, "--session-ttl", help=f"Seconds a conversation counts as in progress after its last turn (default: {_G.session_ttl_s:g}).")
 
 
@@ -48,10 +61,11 @@ def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: di
     if replicas:
         settings["replicas"] = tuple(replicas)
     settings.update({k: v for k, v in flags.items() if v is not None})
-    if "api_keys" in settings:
-        keys = settings["api_keys"]
-        keys = [keys] if isinstance(keys, str) else list(keys)
-        settings["api_keys"] = tuple(k.strip() for key in keys for k in key.split(",") if k.strip())
+    for name in ("api_keys", "admin_api_keys"):
+        if name in settings:
+            keys = settings[name]
+            keys = [keys] if isinstance(keys, str) else list(keys)
+            settings[name] = tuple(k.strip() for key in keys for k in key.split(",") if k.strip())
     if caps_from is not None:
         if flags.get("max_in_flight") is not None:
             raise ConfigError("give either --max-in-flight or --caps-from, not both")
@@ -61,14 +75,22 @@ def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: di
 
 def _flags(host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
            routing_policy, log_level, connect_timeout=None, read_timeout=None, total_timeout=None,
-           max_body_bytes=None, max_queued_new=None, session_ttl=None) -> dict[str, Any]:
+           max_body_bytes=None, max_queued_new=None, session_ttl=None, **fleet: Any) -> dict[str, Any]:
     return {"host": host, "port": port, "max_in_flight": max_in_flight, "queue_size": queue_size,
             "max_queue_wait_s": max_queue_wait,
             "api_keys": split_keys(api_key) if api_key else (keys_from_env() or None),
             "session_header": session_header, "routing_policy": routing_policy, "log_level": log_level,
             "connect_timeout_s": connect_timeout, "read_timeout_s": read_timeout,
             "total_timeout_s": total_timeout, "max_body_bytes": max_body_bytes,
-            "max_queued_new": max_queued_new, "session_ttl_s": session_ttl}
+            "max_queued_new": max_queued_new, "session_ttl_s": session_ttl,
+            **_fleet_flags(**fleet)}
+
+
+def _fleet_flags(replicas_from=None, state=None, gateways=None, admin_key=None, key_max_in_flight=None,
+                 key_tokens_per_minute=None) -> dict[str, Any]:
+    return {"replicas_from": replicas_from, "state": state, "gateways": gateways,
+            "admin_api_keys": split_keys(admin_key) if admin_key else None,
+            "key_max_in_flight": key_max_in_flight, "key_tokens_per_minute": key_tokens_per_minute}
 
 
 def client_address(host: str, port: int) -> str:
@@ -99,6 +121,9 @@ def gateway(
     connect_timeout: float | None = _CONNECT, read_timeout: float | None = _READ,
     total_timeout: float | None = _TOTAL, max_body_bytes: int | None = _BODY,
     max_queued_new: int | None = _NEWQ, session_ttl: float | None = _TTL,
+    replicas_from: str | None = _FROM, state: str | None = _STATE, gateways: int | None = _GATEWAYS,
+    admin_key: list[str] | None = _ADMIN, key_max_in_flight: int | None = _KEY_CAP,
+    key_tokens_per_minute: int | None = _KEY_TPM,
 ) -> None:
     """OpenAI-compatible gateway over running replicas (built-in engine, vLLM, SGLang, ...)."""
     from chatfleet.gateway.app import run_gateway
@@ -108,9 +133,12 @@ def gateway(
         config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
             routing_policy, log_level, connect_timeout, read_timeout, total_timeout, max_body_bytes,
-            max_queued_new, session_ttl), caps_from, caps_series)
-        if not config.replicas:
-            raise ConfigError("no replicas: give --replica URL (repeatable) or a profile's gateway.replicas")
+            max_queued_new, session_ttl, replicas_from=replicas_from, state=state, gateways=gateways,
+            admin_key=admin_key, key_max_in_flight=key_max_in_flight,
+            key_tokens_per_minute=key_tokens_per_minute), caps_from, caps_series)
+        if not config.replicas and config.replicas_from is None:
+            raise ConfigError("no replicas: give --replica URL (repeatable), --replicas-from dns://HOST:PORT "
+                              "or a profile's gateway.replicas")
         check_port(config.host, config.port)
     except ChatfleetError as err:
         _fail(err)

@@ -7,7 +7,8 @@ within each class). All replicas' queues together hold at most ``queue_size`` re
 at most ``max_queued_new`` first turns; beyond that a request is shed at once, except that a
 returning turn displaces the newest queued first turn. So above the caps new conversations are
 shed before the returning turns of conversations in progress. A replica that goes down hands
-its waiters back to be routed again.
+its waiters back to be routed again. Replicas join (``add``) and leave (``remove``, once idle)
+as discovery changes the fleet; ``on_idle`` hears of a replica whose last slot was released.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ class _Slots:
 class AdmissionController:
     def __init__(self, caps: Mapping[str, int | None], *, queue_size: int, max_wait_s: float,
                  retry_after_s: float, max_queued_new: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_idle: Callable[[str], object] | None = None) -> None:
         self._slots = {r: _Slots(cap=math.inf if c is None else c) for r, c in caps.items()}
+        self.on_idle = on_idle
         self.queue_size = queue_size
         self.max_queued_new = queue_size if max_queued_new is None else max_queued_new
         self.max_wait_s = max_wait_s
@@ -102,6 +105,20 @@ class AdmissionController:
 
     def loads(self) -> dict[str, int]:
         return {r: s.in_flight + s.queued for r, s in self._slots.items()}
+
+    def is_idle(self, replica: str) -> bool:
+        s = self._slots[replica]
+        return s.in_flight == 0 and s.queued == 0
+
+    # -- membership --------------------------------------------------------------------------
+    def add(self, replica: str, cap: int | None) -> None:
+        """A replica joined (no-op for a member)."""
+        self._slots.setdefault(replica, _Slots(cap=math.inf if cap is None else cap))
+
+    def remove(self, replica: str) -> None:
+        """Forget an idle replica."""
+        assert self.is_idle(replica), f"{replica} still holds requests"
+        del self._slots[replica]
 
     # -- admission ---------------------------------------------------------------------------
     async def admit(self, replica: str, priority: Priority, deadline: float) -> AdmissionDecision:
@@ -154,6 +171,8 @@ class AdmissionController:
             waiter.future.set_result(Outcome.ADMITTED)
             slots.in_flight += 1
             self._dequeued(slots, waiter)
+        if self.on_idle is not None and slots.in_flight == 0 and slots.queued == 0:
+            self.on_idle(replica)
 
     def drain(self, replica: str) -> int:
         """The replica went down: its waiters get REROUTE. Returns how many there were."""

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from chatfleet.errors import NoHealthyReplicaError
 from chatfleet.gateway.config import GatewayConfig
+from chatfleet.gateway.discovery import Discovery
 from chatfleet.gateway.jsonlog import configure_json_logging
 from chatfleet.gateway.metrics import CONTENT_TYPE
 from chatfleet.gateway.openapi import gateway_openapi
@@ -32,9 +33,11 @@ __all__ = ["Gateway", "create_app", "run_gateway"]
 
 
 def create_app(config: GatewayConfig,
-               processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> FastAPI:
-    """The gateway app; ``processes`` reports the replica processes `serve` supervises."""
-    gateway = Gateway(config, processes)
+               processes: Callable[[], Mapping[str, ProcessState]] | None = None,
+               discovery: Discovery | None = None) -> FastAPI:
+    """The gateway app; ``processes`` reports the replica processes `serve` supervises;
+    ``discovery`` replaces the one ``config.replicas_from`` names (tests: a resolver of their own)."""
+    gateway = Gateway(config, processes, discovery)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -76,6 +76,7 @@ class ReplicaSpec:
 @dataclass(frozen=True)
 class GatewayConfig:
     replicas: tuple[ReplicaSpec, ...] = ()
+    replicas_from: str | None = None  # dns://HOST:PORT or k8s://NAMESPACE/SERVICE (discovery.py)
     host: str = "127.0.0.1"
     port: int = 8000
     # Session affinity and routing
@@ -103,8 +104,16 @@ class GatewayConfig:
     pool_timeout_s: float = 30.0  # waiting for a free upstream connection, connecting included
     max_connections_per_replica: int = 4096
     upstream_api_key: str | None = None
+    # Several gateways in front of the same replicas (see fleet_state.py)
+    state: str | None = None  # redis://HOST:PORT[/DB]: conversations in progress, shared
+    gateways: int = 1  # gateways sharing each replica's cap: each enforces floor(cap / gateways)
     # Protection
     api_keys: tuple[str, ...] = ()
+    admin_api_keys: tuple[str, ...] = ()  # keys for /reset_prefix_cache (open when no key is set at all)
+    # Tenants (one per API key; see tenants.py)
+    salt_per_key: bool = True  # each key's prefix cache apart (cache_salt forwarded to the replicas)
+    key_max_in_flight: int | None = None  # requests one key may have in flight; None: no limit
+    key_tokens_per_minute: int | None = None  # prompt + max_tokens one key may ask for a minute
     max_body_bytes: int = 8 << 20
     body_offload_bytes: int = 256 << 10  # larger bodies are validated in a worker process
     # Headers and logs
@@ -116,6 +125,19 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", tuple(ReplicaSpec.parse(r) for r in self.replicas))
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
+        object.__setattr__(self, "admin_api_keys", tuple(self.admin_api_keys))
+        if self.replicas_from is not None:
+            from chatfleet.gateway.discovery import parse_source
+
+            parse_source(self.replicas_from)
+        if self.state is not None and urlsplit(self.state).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"state {self.state!r} must be a redis://HOST:PORT URL")
+        if self.gateways < 1:
+            raise ConfigError(f"gateways must be >= 1, got {self.gateways}")
+        for name in ("key_max_in_flight", "key_tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 (or unset for no limit), got {value}")
         urls = [r.url for r in self.replicas]
         if len(set(urls)) != len(urls):
             raise ConfigError(f"replica URLs must be distinct, got {urls}")
@@ -161,7 +183,7 @@ class GatewayConfig:
             raise ConfigError("max_body_bytes must be >= 1")
         if self.body_offload_bytes < 0:
             raise ConfigError("body_offload_bytes must be >= 0")
-        if any(not k for k in self.api_keys):
+        if any(not k for k in self.api_keys + self.admin_api_keys):
             raise ConfigError("api keys must not be empty strings")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
@@ -172,7 +194,13 @@ class GatewayConfig:
         return self.queue_size // 2 if self.max_queued_new is None else self.max_queued_new
 
     def cap_of(self, spec: ReplicaSpec) -> int | None:
-        return spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
+        """This gateway's share of the replica's cap: floor(cap / gateways), at least 1."""
+        cap = spec.max_in_flight if spec.max_in_flight is not None else self.max_in_flight
+        return None if cap is None else max(1, cap // self.gateways)
+
+    def spec_of(self, url: str) -> ReplicaSpec:
+        """The configured spec of ``url``, or a plain one for a discovered replica."""
+        return next((s for s in self.replicas if s.url == url), ReplicaSpec(url))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GatewayConfig:

@@ -2,8 +2,10 @@
 
 Two sources, each yielding the current replica set as a frozen value whenever it changes:
 
-- ``dns://HOST:PORT[?interval=SECONDS]``: the A and AAAA records of HOST (a headless Service
-  has one per Ready pod), re-resolved every ``interval`` seconds (default 5). The resolv.conf
+- ``dns://HOST:PORT[?interval=SECONDS&timeout=SECONDS]``: the A and AAAA records of HOST (a
+  headless Service has one per Ready pod), re-resolved every ``interval`` seconds (default 5),
+  each lookup given ``timeout`` seconds (default 5, apart from the interval: a short interval on
+  a loaded machine must not turn slow answers into failures). The resolv.conf
   search path applies, so ``dns://chatfleet-engine:8000`` finds the Service in the gateway's
   own namespace. A name that does not exist or has no records is an empty set (a headless
   Service with no Ready pod); a resolver that fails or times out keeps the last set, so a DNS
@@ -40,6 +42,7 @@ from chatfleet.errors import ConfigError
 log = logging.getLogger("chatfleet.gateway")
 
 DEFAULT_DNS_INTERVAL_S = 5.0
+DEFAULT_DNS_TIMEOUT_S = 5.0
 K8S_WATCH_TIMEOUT_S = 60  # the API server ends a watch after this; it is then resumed
 
 
@@ -69,8 +72,11 @@ class DnsSource:
     host: str
     port: int
     interval_s: float = DEFAULT_DNS_INTERVAL_S
+    timeout_s: float = DEFAULT_DNS_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError(f"dns:// discovery timeout must be > 0, got {self.timeout_s}")
         if not self.host:
             raise ConfigError("dns:// discovery needs a host name")
         if not 0 < self.port < 65536:
@@ -103,11 +109,15 @@ def parse_source(text: str) -> DnsSource | K8sSource:
         if parts.port is None or not parts.hostname:
             raise ConfigError(f"{text!r}: dns:// discovery needs dns://HOST:PORT")
         query = parse_qs(parts.query)
-        unknown = sorted(set(query) - {"interval"})
+        unknown = sorted(set(query) - {"interval", "timeout"})
         if unknown:
-            raise ConfigError(f"{text!r}: unknown dns:// option(s) {unknown}; valid: ['interval']")
-        interval = float(query["interval"][-1]) if "interval" in query else DEFAULT_DNS_INTERVAL_S
-        return DnsSource(parts.hostname, parts.port, interval)
+            raise ConfigError(f"{text!r}: unknown dns:// option(s) {unknown}; valid: ['interval', 'timeout']")
+        try:
+            interval = float(query["interval"][-1]) if "interval" in query else DEFAULT_DNS_INTERVAL_S
+            timeout = float(query["timeout"][-1]) if "timeout" in query else DEFAULT_DNS_TIMEOUT_S
+        except ValueError:
+            raise ConfigError(f"{text!r}: dns:// interval and timeout are seconds") from None
+        return DnsSource(parts.hostname, parts.port, interval, timeout)
     if parts.scheme == "k8s":
         service, _, port_name = parts.path.strip("/").partition(":")
         if "/" in service or parts.query:
@@ -146,7 +156,7 @@ class DnsDiscovery:
         for rdtype in ("A", "AAAA"):
             try:
                 answer = await self.resolver.resolve(self.source.host, rdtype, search=True,
-                                                     lifetime=min(self.source.interval_s, 5.0))
+                                                     lifetime=self.source.timeout_s)
             except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
                 continue
             except dns.exception.DNSException as exc:  # timeout, no nameserver answered, ...

@@ -113,11 +113,11 @@ class ProxyResponse:
         self.error: str | None = None  # what went wrong upstream, for the log
 
     # -- ASGI --------------------------------------------------------------------------------
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self._scope, self._receive = scope, receive
         self._started = False
 
-        async def tracked_send(message: dict) -> None:
+        async def tracked_send(message: dict[str, Any]) -> None:
             self._started = True
             await send(message)
 
@@ -277,17 +277,17 @@ class ProxyResponse:
                 error = _describe(exc)
             if error and self._past_total_timeout():  # our deadline, not the replica's fault
                 self.outcome, self.error = "total_timeout", error
-                exc = UpstreamError(f"the reply took longer than the gateway's total timeout of "
-                                    f"{gw.config.total_timeout_s:g} s; it is incomplete", code="timeout")
-                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                late = UpstreamError(f"the reply took longer than the gateway's total timeout of "
+                                     f"{gw.config.total_timeout_s:g} s; it is incomplete", code="timeout")
+                await send({"type": "http.response.body", "body": error_event(late) + DONE,
                             "more_body": True})
             elif error:
                 self.outcome = "stream_broken"
                 stats.stream_breaks += 1
                 gw.replicas.record_failure(url, error)
                 self.error = error
-                exc = UpstreamError("the replica failed mid-stream; the reply is incomplete")
-                await send({"type": "http.response.body", "body": error_event(exc) + DONE,
+                broken = UpstreamError("the replica failed mid-stream; the reply is incomplete")
+                await send({"type": "http.response.body", "body": error_event(broken) + DONE,
                             "more_body": True})
             elif self.outcome == "started":
                 self.outcome = "ok"
@@ -334,7 +334,9 @@ class ProxyResponse:
         if decision.affinity is Affinity.KEPT:
             self.gw.replicas[decision.replica].stats.affinity_kept += 1
         elif decision.affinity is Affinity.BROKEN and decision.home is not None:
-            self.gw.replicas[decision.home].stats.affinity_broken += 1
+            home = self.gw.replicas.replicas.get(decision.home)  # None: drained and forgotten meanwhile
+            if home is not None:
+                home.stats.affinity_broken += 1
 
     def _shed_message(self, url: str, reason: str) -> str:
         cap = self.gw.admission.cap(url)

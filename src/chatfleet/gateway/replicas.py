@@ -5,6 +5,10 @@ checks and failed proxied calls alike (or at once when its first health check fa
 passing health check brings it back (rejoin). Going
 down hands its queued requests back to routing (``on_down``); the hash ring never changes, so a
 dead replica's sessions move to the next replica clockwise and come home when it rejoins.
+
+Membership changes with discovery (``--replicas-from``): ``join`` adds a replica (routable once
+its first health check passes), ``drain`` takes one out of routing while its in-flight requests
+finish (its waiters go back to routing through ``on_down``), ``forget`` drops it once idle.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Replica:
     last_change: float = field(default_factory=time.monotonic)
     models: tuple[dict[str, Any], ...] = ()  # the replica's /v1/models entries
     checked: bool = False  # a replica failing its very first health check starts down
+    draining: bool = False  # left the discovered set: finishes what it has, takes nothing new
     stats: ReplicaStats = field(default_factory=ReplicaStats)
 
 
@@ -65,11 +70,46 @@ class ReplicaSet:
         self._soon: dict[str, asyncio.Task[None]] = {}  # extra health checks asked for, one per replica
 
     @property
+    def started(self) -> bool:
+        return self._client is not None
+
+    @property
     def urls(self) -> list[str]:
         return list(self.replicas)
 
     def healthy(self) -> list[str]:
-        return [url for url, r in self.replicas.items() if r.healthy]
+        """Routable replicas: healthy and not draining."""
+        return [url for url, r in self.replicas.items() if r.healthy and not r.draining]
+
+    # -- membership --------------------------------------------------------------------------
+    def join(self, url: str) -> bool:
+        """Add ``url`` (down until its first health check passes), or stop draining it.
+        True when it was not a member before."""
+        replica = self.replicas.get(url)
+        if replica is not None:
+            if replica.draining:
+                replica.draining = False
+                log.info("replica back in the discovered set", extra={"replica": url})
+            return False
+        self.replicas[url] = Replica(url, healthy=False)
+        log.info("replica joined", extra={"replica": url})
+        return True
+
+    def drain(self, url: str) -> None:
+        """Take ``url`` out of routing; what it serves now finishes there."""
+        replica = self.replicas[url]
+        if replica.draining:
+            return
+        replica.draining = True
+        log.info("replica draining", extra={"replica": url})
+        if self.on_down is not None:
+            self.on_down(url)
+
+    def forget(self, url: str) -> None:
+        self.replicas.pop(url, None)
+        task = self._soon.pop(url, None)
+        if task is not None:
+            task.cancel()
 
     def __getitem__(self, url: str) -> Replica:
         return self.replicas[url]
@@ -110,6 +150,13 @@ class ReplicaSet:
             error = None if ok else f"health check answered {resp.status_code}"
         except httpx.HTTPError as exc:
             ok, error = False, f"health check failed: {type(exc).__name__}: {exc}"
+        if self.replicas.get(url) is not replica:
+            return ok  # forgotten while the check ran
+        if ok and not replica.checked:  # a replica that joined: routable from now on, not a rejoin
+            await self._fetch_models(replica)
+            replica.healthy, replica.checked, replica.consecutive_failures = True, True, 0
+            replica.last_change = time.monotonic()
+            return ok
         if ok:
             if not replica.healthy or not replica.models:
                 await self._fetch_models(replica)
@@ -148,13 +195,13 @@ class ReplicaSet:
             log.exception("health check of %s failed", url)
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(url) for url in self.replicas))
+        await asyncio.gather(*(self.check(url) for url, r in list(self.replicas.items()) if not r.draining))
 
     async def start(self) -> None:
         """Open the health-check client, run one round, then keep checking in the background."""
         self._client = httpx.AsyncClient(
             timeout=self.health_timeout_s, headers=self._headers,
-            limits=httpx.Limits(max_connections=4 * len(self.replicas) + 4),
+            limits=httpx.Limits(max_connections=4 * len(self.replicas) + 64),
         )
         await self.check_all()
         self._task = asyncio.create_task(self._loop(), name="chatfleet-health-checks")

@@ -43,11 +43,13 @@ def ring_hash(text: str) -> int:
 
 
 class HashRing:
-    """Replicas placed on a 64-bit ring at ``virtual_nodes`` points each."""
+    """Replicas placed on a 64-bit ring at ``virtual_nodes`` points each.
+
+    A pure function of the replica set: the same nodes, in any order, make the same ring (an
+    empty ring, while discovery has found no replica yet, prefers nobody).
+    """
 
     def __init__(self, nodes: Sequence[str], virtual_nodes: int = 160) -> None:
-        if not nodes:
-            raise ConfigError("the hash ring needs at least one replica")
         points = sorted((ring_hash(f"{node}#{i}"), node) for node in nodes for i in range(virtual_nodes))
         self._hashes = [h for h, _ in points]
         self._nodes = [n for _, n in points]
@@ -55,6 +57,8 @@ class HashRing:
 
     def preference(self, key: str) -> Iterator[str]:
         """Distinct replicas in clockwise order from the key's point."""
+        if not self._nodes:
+            return
         start = bisect.bisect(self._hashes, ring_hash(key))
         seen: set[str] = set()
         total = len(self._nodes)

@@ -5,10 +5,12 @@ FastAPI; ``proxy.py`` runs each proxied call against it.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,11 @@ from chatfleet.errors import (
 from chatfleet.gateway.admission import AdmissionController
 from chatfleet.gateway.body import ENDPOINTS, BodyInspector, BodyRejected, ParsedBody
 from chatfleet.gateway.config import GatewayConfig
+from chatfleet.gateway.discovery import DiscoveredReplicas, Discovery, describe, discovery_for
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.proxy import ProxyCall, ProxyResponse
 from chatfleet.gateway.replicas import ReplicaSet
-from chatfleet.gateway.routing import make_routing_policy
+from chatfleet.gateway.routing import RoutingPolicy, make_routing_policy
 from chatfleet.gateway.session import KeySource, SessionKey
 from chatfleet.gateway.session_tracker import SessionTracker
 from chatfleet.protocol.errors import to_chatfleet_error
@@ -38,21 +41,28 @@ if TYPE_CHECKING:
 
 __all__ = ["ENDPOINTS", "Gateway"]
 
+log = logging.getLogger("chatfleet.gateway")
+
 
 class Gateway:
     """Everything one gateway process holds: replicas, router, admission, metrics, clients."""
 
     def __init__(self, config: GatewayConfig,
-                 processes: Callable[[], Mapping[str, ProcessState]] | None = None) -> None:
-        if not config.replicas:
-            raise ConfigError("the gateway needs at least one replica (--replica URL)")
+                 processes: Callable[[], Mapping[str, ProcessState]] | None = None,
+                 discovery: Discovery | None = None) -> None:
+        if not config.replicas and config.replicas_from is None and discovery is None:
+            raise ConfigError("the gateway needs at least one replica (--replica URL or --replicas-from)")
         self.config = config
         self.processes = processes  # replica processes `serve` supervises, for the status
+        self.discovery = discovery if discovery is not None else (
+            discovery_for(config.replicas_from) if config.replicas_from is not None else None)
+        self.discovered: DiscoveredReplicas | None = None  # the last set discovery reported
         urls = [spec.url for spec in config.replicas]
         self.admission = AdmissionController(
             {spec.url: config.cap_of(spec) for spec in config.replicas},
             queue_size=config.queue_size, max_wait_s=config.max_queue_wait_s,
             retry_after_s=config.retry_after_s, max_queued_new=config.new_queue_limit,
+            on_idle=self._forget_if_drained,
         )
         self.sessions_seen = SessionTracker(config.session_ttl_s, config.max_sessions)
         self.bodies = BodyInspector(config.body_offload_bytes)
@@ -64,33 +74,100 @@ class Gateway:
             health_interval_s=config.health_interval_s, health_timeout_s=config.health_timeout_s,
             headers=upstream_headers, on_down=self.admission.drain,
         )
-        self.router = make_routing_policy(config.routing_policy, urls,
-                                          virtual_nodes=config.virtual_nodes,
-                                          load_factor=config.load_factor)
+        self.router = self._ring(urls)
         self.metrics = GatewayMetrics(self.replicas, self.admission)
         self.sessions: dict[str, aiohttp.ClientSession] = {}
         self._session_header = config.session_header.lower()
+        self._discovering: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _ring(self, urls: Iterable[str]) -> RoutingPolicy:
+        """The router over a replica set: a pure function of the set (sorted, so order is moot)."""
+        return make_routing_policy(self.config.routing_policy, sorted(set(urls)),
+                                   virtual_nodes=self.config.virtual_nodes, load_factor=self.config.load_factor)
 
     async def start(self) -> None:
         """Open one upstream connection pool per replica (aiohttp: it stays fast with thousands
-        of open streams, where httpx's pool slows down), then start health checks."""
+        of open streams, where httpx's pool slows down), then start health checks and discovery."""
+        for url in self.replicas.urls:
+            self._open_session(url)
+        await self.replicas.start()
+        if self.discovery is not None:
+            self._discovering = asyncio.create_task(self._follow_discovery(self.discovery),
+                                                    name="chatfleet-discovery")
+
+    def _open_session(self, url: str) -> None:
         cfg = self.config
         timeout = aiohttp.ClientTimeout(total=cfg.total_timeout_s, connect=cfg.pool_timeout_s,
                                         sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s)
-        for url in self.replicas.urls:
-            connector = aiohttp.TCPConnector(limit=cfg.max_connections_per_replica, limit_per_host=0,
-                                             keepalive_timeout=4.0)  # < uvicorn's 5 s
-            self.sessions[url] = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=False, trust_env=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"))
-        await self.replicas.start()
+        connector = aiohttp.TCPConnector(limit=cfg.max_connections_per_replica, limit_per_host=0,
+                                         keepalive_timeout=4.0)  # < uvicorn's 5 s
+        self.sessions[url] = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, trust_env=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
     async def stop(self) -> None:
+        if self._discovering is not None:
+            self._discovering.cancel()
+            await asyncio.gather(self._discovering, return_exceptions=True)
+            self._discovering = None
         await self.replicas.stop()
         for session in self.sessions.values():
             await session.close()
         self.sessions.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         self.bodies.close()
+
+    # -- membership (discovery) --------------------------------------------------------------
+    async def _follow_discovery(self, discovery: Discovery) -> None:
+        while True:
+            try:
+                async for found in discovery.changes():
+                    await self.apply(found)
+                return
+            except Exception:  # a bug in a source must not freeze the fleet: log, start again
+                log.exception("replica discovery failed; restarting it")
+                await asyncio.sleep(self.config.health_interval_s)
+
+    def members(self, found: DiscoveredReplicas | None) -> list[str]:
+        """The replica set: the configured replicas plus the discovered ones."""
+        static = [spec.url for spec in self.config.replicas]
+        return sorted(set(static) | set(found.urls if found is not None else ()))
+
+    async def apply(self, found: DiscoveredReplicas) -> None:
+        """A new discovered set: new replicas join (routable once healthy), the ring is rebuilt
+        from the set, removed ones drain (in-flight requests finish, nothing new goes there)
+        and are forgotten once idle."""
+        log.info("replica set changed", extra={"change": describe(found, self.members(self.discovered)),
+                                                "source": found.source})
+        self.discovered = found
+        members = self.members(found)
+        joined = []
+        for url in members:
+            if self.replicas.join(url):
+                self.admission.add(url, self.config.cap_of(self.config.spec_of(url)))
+                self._open_session(url)
+                joined.append(url)
+        for url in self.replicas.urls:
+            if url not in members:
+                self.replicas.drain(url)
+                self._forget_if_drained(url)
+        self.router = self._ring(members)
+        if self.replicas.started:
+            await asyncio.gather(*(self.replicas.check(url) for url in joined if url in self.replicas.replicas))
+
+    def _forget_if_drained(self, url: str) -> None:
+        replica = self.replicas.replicas.get(url)
+        if replica is None or not replica.draining or not self.admission.is_idle(url):
+            return
+        self.replicas.forget(url)
+        self.admission.remove(url)
+        session = self.sessions.pop(url, None)
+        if session is not None:
+            task = asyncio.get_running_loop().create_task(session.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        log.info("replica forgotten (drained)", extra={"replica": url})
 
     # -- request handling --------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -170,7 +247,8 @@ class Gateway:
             out.append({
                 "url": url, "healthy": replica.healthy, "cap": None if cap == float("inf") else cap,
                 "in_flight": self.admission.in_flight(url), "queued": self.admission.queued(url),
-                "consecutive_failures": replica.consecutive_failures, "last_error": replica.last_error,
+                "draining": replica.draining, "consecutive_failures": replica.consecutive_failures,
+                "last_error": replica.last_error,
                 "models": [m["id"] for m in replica.models], "stats": vars(replica.stats).copy(),
             })
             if url in processes:
@@ -180,4 +258,6 @@ class Gateway:
                 "shed_new": sum(r.stats.shed_new for r in self.replicas.replicas.values()),
                 "shed_returning": sum(r.stats.shed_returning for r in self.replicas.replicas.values()),
                 "sessions_in_progress": len(self.sessions_seen),
-                "routing_policy": self.config.routing_policy}
+                "routing_policy": self.config.routing_policy,
+                "replicas_from": self.config.replicas_from,
+                "discovered": list(self.discovered.urls) if self.discovered is not None else None}
