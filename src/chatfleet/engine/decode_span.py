@@ -429,7 +429,7 @@ def _plain(r: Request) -> bool:
     is what a span runs."""
     p = r.sampling_params
     return not (p.min_tokens < p.max_tokens or p.logprobs is not None or p.prompt_logprobs is not None or p.stop
-                or p.uses_token_history)
+                or p.uses_token_history or p.grammar is not None)
 
 
 def _lane(index: int, r: Request, step: int, max_len: int) -> Lane | None:

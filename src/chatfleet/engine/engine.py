@@ -10,6 +10,7 @@ drives it (``AsyncEngine`` does).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from chatfleet.engine.runner.base import Runner
 from chatfleet.engine.scheduler import Scheduler
 from chatfleet.engine.sizing.memory import MemoryBreakdown
 from chatfleet.engine.stats import EngineStats, OutputCounts, TransferTotals
+from chatfleet.engine.structured.compiler import GrammarCompiler, GrammarError
+from chatfleet.engine.structured.matchers import StructuredOutputs
 from chatfleet.errors import InvalidRequestError, KVIntegrityError, RequestTooLongError
 
 
@@ -62,6 +65,11 @@ class Engine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self._transfers = TransferTotals()
         self._counts = OutputCounts()
+        # Structured output (response_format, forced tool calls): a tokenizer with a `tokenizers`
+        # backend is needed to build grammars' token masks; None: constrained requests are refused.
+        backend = getattr(self.tokenizer, "backend", None)
+        self.structured: StructuredOutputs | None = None if backend is None else StructuredOutputs(
+            GrammarCompiler(backend.to_str(), self.vocab_size, getattr(self.tokenizer, "eos_token_id", None)))
 
     # ---- requests -----------------------------------------------------------------------------
     @property
@@ -105,6 +113,15 @@ class Engine:
                 f" exceeds the KV cache of {self.kv.total_tokens} tokens",
                 param="max_tokens",
             )
+        matcher = None
+        if params.grammar is not None:
+            if self.structured is None:
+                raise InvalidRequestError("this engine's tokenizer cannot build grammars for structured output",
+                                          param="response_format")
+            try:
+                matcher = self.structured.matcher(params.grammar)
+            except GrammarError as exc:
+                raise InvalidRequestError(f"the grammar cannot be compiled: {exc}", param="response_format") from None
         request = Request(
             request_id,
             list(prompt_token_ids),
@@ -116,11 +133,16 @@ class Engine:
         )
         self.scheduler.add_request(request)
         self.output_processor.add_request(request_id, request.prompt_token_ids, params)
+        if matcher is not None:
+            assert self.structured is not None
+            self.structured.add(request_id, matcher)
 
     def abort_request(self, request_id: str) -> None:
         """Finish the request now and free its blocks; no-op if unknown or finished."""
         self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
         self.output_processor.remove_request(request_id)
+        if self.structured is not None:
+            self.structured.remove((request_id,))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -128,16 +150,27 @@ class Engine:
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        structured = self.structured if self.structured is not None and len(self.structured) else None
         if plan.is_empty:
             self.scheduler.defer_finished(plan.finished_request_ids)
             return []
+        mask = None
+        if structured is not None:  # the batch's token bitmask, filled in one pass
+            mask = structured.bitmask([c.request_id for c in plan.chunks if c.sample])
+            if mask is not None:
+                plan = dataclasses.replace(plan, token_bitmask=mask)
         result: RunnerOutput = self.runner.execute(plan)
+        if structured is not None and mask is not None:
+            structured.accept((rid, result.sampled[rid].token_id) for rid in mask.request_ids if rid in result.sampled)
         if plan.kv_transfers:
             self._transfers.add(result.kv_transfer)
         updates = self.scheduler.update(plan, result)
         processed = self.output_processor.process(updates)
         for hit in processed.stopped:
             self.scheduler.finish_request(hit.request_id, RequestStatus.FINISHED_STOPPED)
+        if structured is not None:  # finished requests drop their matchers now (ids may be reused)
+            structured.remove([o.request_id for o in processed.outputs if o.finished])
+            structured.remove([hit.request_id for hit in processed.stopped])
         self._counts.count(processed.outputs)
         return processed.outputs
 

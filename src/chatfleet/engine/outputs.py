@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from chatfleet.engine.request import RequestStatus, SamplingParams
+from chatfleet.engine.structured.bitmask import TokenBitmask
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class SchedulerOutput:
     # executed before the forward pass, stores before loads (a block demoted this step may be
     # the destination of a load in the same step)
     kv_transfers: list[KVTransfer] = field(default_factory=list)
+    token_bitmask: TokenBitmask | None = None  # set by the engine when constrained requests sample
 
     @property
     def num_batched_tokens(self) -> int:

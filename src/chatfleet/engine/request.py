@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chatfleet.engine.structured.spec import GrammarSpec
 from chatfleet.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/vLLM: tokens in prompt or output: logit / p if > 0, else * p
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely (after temperature)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    grammar: GrammarSpec | None = None  # structured output: the reply follows this grammar
 
     def __post_init__(self) -> None:
         def bad(msg: str, param: str) -> None:

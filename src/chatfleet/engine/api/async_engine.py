@@ -83,6 +83,12 @@ class AsyncEngine:
         return self.engine.model_name
 
     @property
+    def grammar_compiler(self) -> Any:
+        """The engine's grammar compiler (structured output), or None where it has none."""
+        structured = getattr(self.engine, "structured", None)
+        return None if structured is None else structured.compiler
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 

@@ -48,6 +48,7 @@ from chatfleet.engine.api.serving import (
     completion_sampling_params,
     template_tools,
 )
+from chatfleet.engine.api.structured_output import compile_grammar, request_grammar
 from chatfleet.engine.config import EngineConfig
 from chatfleet.errors import EngineDeadError, NotFoundError
 from chatfleet.protocol.body_limit import BodyLimitMiddleware
@@ -140,11 +141,13 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
         async def handle() -> Response:
             deadline = Deadline(options.request_timeout_s)
             state.check_model(body.model)
+            ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
+            grammar = request_grammar(body, ctx.tool_parser)
             prompt_ids = await deadline.run(prompts.chat(body.messages, body.add_generation_prompt,
                                                          template_tools(body)))
-            params = check_token_ids(chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens),
-                                     tok.vocab_size)
-            ctx = new_context(random_id("chatcmpl"), state.model_name, tok)
+            await deadline.run(compile_grammar(engine.grammar_compiler, grammar))
+            params = check_token_ids(chat_sampling_params(body, len(prompt_ids), engine.max_request_tokens,
+                                                          grammar), tok.vocab_size)
             salt, session = tenant_of(request).salt(body.cache_salt), session_id_of(request, body.user)
             if body.n > 1:
                 choices = plan_choices([(prompt_ids, params)], body.n)
@@ -170,17 +173,19 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             state.check_model(body.model)
             salt, session = tenant_of(request).salt(body.cache_salt), session_id_of(request, body.user)
             ctx = new_context(random_id("cmpl"), state.model_name, tok)
+            grammar = request_grammar(body, ctx.tool_parser)
+            await deadline.run(compile_grammar(engine.grammar_compiler, grammar))
             if len(body.prompts) == 1 and body.n == 1:
                 prompt = await deadline.run(prompts.completion(body.prompts[0]))
-                params = check_token_ids(
-                    completion_sampling_params(body, len(prompt.token_ids), engine.max_request_tokens), tok.vocab_size)
+                params = check_token_ids(completion_sampling_params(
+                    body, len(prompt.token_ids), engine.max_request_tokens, grammar), tok.vocab_size)
                 outputs = await state.start(ctx.request_id, prompt.token_ids, params, salt, session, deadline)
                 if body.stream:
                     return SSEResponse(completion_stream(ctx, body, prompt, outputs), outputs)
                 return JSONResponse((await completion_response(ctx, body, prompt, outputs)).model_dump())
             built = await deadline.run(asyncio.gather(*(prompts.completion(p) for p in body.prompts)))
             choices = plan_choices([(p.token_ids, check_token_ids(completion_sampling_params(
-                body, len(p.token_ids), engine.max_request_tokens), tok.vocab_size)) for p in built], body.n)
+                body, len(p.token_ids), engine.max_request_tokens, grammar), tok.vocab_size)) for p in built], body.n)
             all_outputs = await start_choices(state, ctx.request_id, choices, salt, session, deadline)
             if body.stream:
                 parts = [StreamPart(c.index) for c in choices]

@@ -1,7 +1,8 @@
 """OpenAI requests to engine inputs (prompt ids, SamplingParams) and engine outputs to responses.
 
 Pure functions of the tokenizer and the request: no I/O, so the routes in server.py stay thin.
-What the built-in engine does not support (suffix, best_of, response_format json) is refused here with 400.
+What the built-in engine does not support (suffix, best_of) is refused here with 400; a request's
+grammar (``response_format``, a forced ``tool_choice``) comes from ``structured_output.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from chatfleet.engine.api.structured_output import RequestGrammar
 from chatfleet.engine.outputs import RequestOutput, TokenLogprob
 from chatfleet.engine.request import SamplingParams
 from chatfleet.errors import InvalidRequestError, RequestTooLongError
@@ -45,15 +47,11 @@ def template_message(m: ChatMessage) -> dict[str, Any]:
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     """The request's tools as the chat template renders them; None when tools are off.
 
-    Only ``tool_choice`` "auto" (the default with tools) and "none" are served: forcing a call
-    ("required" or a named function) needs constrained decoding, which this engine lacks.
+    A forced ``tool_choice`` ("required" or a named function) renders the tools as "auto" does;
+    its grammar (``structured_output.request_grammar``) makes the reply calls.
     """
     if req.tool_choice is not None and not req.tools:
         raise InvalidRequestError("tool_choice is set but no tools are given", param="tool_choice")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise InvalidRequestError(
-            f"tool_choice {req.tool_choice!r} is not supported by this engine; use 'auto' or 'none'",
-            param="tool_choice")
     if not req.tools_active:
         return None
     return [t.model_dump(exclude_none=True) for t in req.tools or ()]
@@ -96,12 +94,9 @@ def completion_prompt(tokenizer: Any, prompt: str | list[int]) -> CompletionProm
     return CompletionPrompt(list(prompt), text)
 
 
-def _common(req: SamplingFields) -> dict[str, Any]:
-    if req.response_format is not None and req.response_format.type != "text":
-        raise InvalidRequestError(
-            f"response_format {req.response_format.type!r} is not supported by this engine (no constrained"
-            " decoding yet); leave it out or use 'text'", param="response_format")
+def _common(req: SamplingFields, grammar: RequestGrammar | None) -> dict[str, Any]:
     return dict(
+        grammar=grammar.spec if grammar is not None else None,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
@@ -120,11 +115,16 @@ def _common(req: SamplingFields) -> dict[str, Any]:
 
 
 def check_token_ids(params: SamplingParams, vocab_size: int) -> SamplingParams:
-    """Refuse logit_bias entries for tokens this model does not have."""
+    """Refuse logit_bias entries and stop_token_ids for tokens this model does not have."""
     bad = [t for t, _ in params.logit_bias if t >= vocab_size]
     if bad:
         raise InvalidRequestError(
             f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab_size - 1})", param="logit_bias")
+    bad = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"stop_token_ids names token {bad[0]}, outside the vocabulary (0..{vocab_size - 1})",
+            param="stop_token_ids")
     return params
 
 
@@ -140,15 +140,17 @@ def _default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
     return room
 
 
-def chat_sampling_params(req: ChatCompletionRequest, prompt_len: int, max_request_tokens: int) -> SamplingParams:
+def chat_sampling_params(req: ChatCompletionRequest, prompt_len: int, max_request_tokens: int,
+                         grammar: RequestGrammar | None = None) -> SamplingParams:
     max_tokens = req.requested_max_tokens
     if max_tokens is None:
         max_tokens = _default_max_tokens(prompt_len, max_request_tokens)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **_common(req))
+    return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **_common(req, grammar))
 
 
-def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_request_tokens: int) -> SamplingParams:
+def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_request_tokens: int,
+                               grammar: RequestGrammar | None = None) -> SamplingParams:
     """max_tokens=0 runs one token that the response drops (scoring a prompt, as vLLM does)."""
     if req.best_of not in (None, 1):
         raise InvalidRequestError("only best_of=1 is supported", param="best_of")
@@ -158,7 +160,7 @@ def completion_sampling_params(req: CompletionRequest, prompt_len: int, max_requ
     if max_tokens is None:
         max_tokens = _default_max_tokens(prompt_len, max_request_tokens)
     prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
-    common = _common(req)
+    common = _common(req, grammar)
     if max_tokens == 0:
         common["min_tokens"] = 0
     return SamplingParams(

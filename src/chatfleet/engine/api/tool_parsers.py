@@ -17,9 +17,11 @@ closing tag arrives (the whole call in one delta, as OpenAI clients accept).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from chatfleet.engine.structured.spec import GrammarSpec
 from chatfleet.registry import Registry
 
 
@@ -49,10 +51,28 @@ class StreamingToolParser(Protocol):
     def finish(self) -> list[StreamEvent]: ...
 
 
+ToolSchema = tuple[str, dict | None]  # a function's name and its parameters' JSON schema
+
+
 class ToolParser(Protocol):
     def stream(self) -> StreamingToolParser: ...
 
     def parse(self, text: str) -> ParsedOutput: ...
+
+    def grammar(self, tools: Sequence[ToolSchema], several: bool) -> GrammarSpec:
+        """A grammar of replies that are only calls of ``tools`` in this format (one, or
+        ``several``: one or more), each call's arguments following its tool's schema."""
+        ...
+
+
+def call_schema(tools: Sequence[ToolSchema]) -> dict:
+    """The JSON schema of one call object ``{"name": ..., "arguments": {...}}`` of ``tools``
+    (compact: no free whitespace, so a model cannot pad a call forever)."""
+    return {"x-guidance": {"whitespace_flexible": False}, "anyOf": [
+        {"type": "object", "properties": {"name": {"const": name},
+                                          "arguments": params if params is not None else {"type": "object"}},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for name, params in tools]}
 
 
 TOOL_PARSERS = Registry[ToolParser]("tool-call parser")
@@ -164,6 +184,14 @@ class TaggedJSONToolParser:
         content = "".join(e.content for e in events)
         calls = tuple(e.call for e in events if e.call is not None)
         return ParsedOutput(content if (content or not calls) else None, calls)
+
+    def grammar(self, tools: Sequence[ToolSchema], several: bool) -> GrammarSpec:
+        start = 'start: call ("\\n" call)*' if several else "start: call"
+        return GrammarSpec("lark", "\n".join((
+            start,
+            f"call: {json.dumps(self.start + chr(10))} body {json.dumps(chr(10) + self.end)}",
+            "body: %json " + json.dumps(call_schema(tools), sort_keys=True, ensure_ascii=False),
+        )) + "\n")
 
 
 TOOL_PARSERS.register("qwen3")(TaggedJSONToolParser)

@@ -1,9 +1,11 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, penalties, logit bias, seeds, logprobs.
+"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, penalties, logit bias, grammar
+bitmasks, seeds, logprobs.
 
 Order, as vLLM's sampler: logit bias, then penalties (repetition as HF/vLLM: a token seen in the
 prompt or output has its logit divided by p when positive, multiplied when not; frequency and
 presence as OpenAI: over output tokens, ``logit -= frequency * count + presence * (count > 0)``),
-then greedy argmax or temperature, min-p (drop tokens below ``min_p`` times the top probability),
+then the grammar bitmask of structured-output rows (disallowed tokens to -inf), then greedy
+argmax or temperature, min-p (drop tokens below ``min_p`` times the top probability),
 top-k and top-p. All of it vectorized over the batch rows that ask for it.
 
 Each sampled row draws its randomness from its own ``torch.Generator`` when it has one
@@ -129,6 +131,27 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     logits[index] = sub
 
 
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: Sequence[int], bits: np.ndarray) -> None:
+    """Mask (to -inf, in place) the tokens each of ``rows`` may not sample: row ``rows[i]``
+    keeps token t where bit t % 32 of ``bits[i, t // 32]`` is set (structured output). Tokens past
+    the bitmask's vocabulary are masked too."""
+    if not len(rows):
+        return
+    dev, vocab = logits.device, logits.shape[1]
+    shifts = _BIT_SHIFTS.get(dev)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[dev] = torch.arange(32, dtype=torch.int32, device=dev)
+    words = torch.from_numpy(np.ascontiguousarray(bits)).to(dev)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    if allowed.shape[1] < vocab:
+        allowed = torch.cat([allowed, allowed.new_zeros(len(rows), vocab - allowed.shape[1])], dim=1)
+    index = torch.tensor(list(rows), device=dev)
+    logits[index] = logits[index].masked_fill_(~allowed[:, :vocab], float("-inf"))
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
     """Mask (in place) tokens whose probability is below ``min_p`` times the row's top probability."""
     probs = logits.softmax(dim=-1)
@@ -157,8 +180,10 @@ class Sampler:
             ids.update(p.stop_token_ids)
         return ids
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
-        """``logits``: [N, V] float32 (modified in place); ``rows``: one per logits row."""
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+               token_bitmask: tuple[Sequence[int], np.ndarray] | None = None) -> list[SampledToken]:
+        """``logits``: [N, V] float32 (modified in place); ``rows``: one per logits row;
+        ``token_bitmask``: (logits rows, their allowed-token bits) of constrained requests."""
         n, vocab = logits.shape
         device = logits.device
         want_lp = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
@@ -166,6 +191,8 @@ class Sampler:
 
         apply_logit_bias(logits, rows)
         apply_penalties(logits, rows)
+        if token_bitmask is not None:
+            apply_token_bitmask(logits, *token_bitmask)
 
         mask_rows: list[int] = []
         mask_cols: list[int] = []

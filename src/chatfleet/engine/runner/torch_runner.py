@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
+from chatfleet.engine.kernels.backend import BACKENDS as KERNEL_DISPATCH
+from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
+from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
-from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
     NO_TRANSFERS,
@@ -25,6 +27,8 @@ from chatfleet.engine.outputs import (
     SchedulerOutput,
     TokenLogprob,
 )
+from chatfleet.engine.runner.copy_engine import CopyEngine
+from chatfleet.engine.runner.decode_graphs import DecodeGraphs, capture_sizes
 from chatfleet.engine.runner.kv_transfer import HostKVTransfer
 from chatfleet.engine.runner.sampler import Sampler, SamplingRow, top_logprobs
 
@@ -36,6 +40,20 @@ def kv_bytes_per_token(model_config: Qwen3Config, dtype: str | torch.dtype) -> i
 
 
 log = logging.getLogger(__name__)
+
+# Which attention path a step takes: ``gather`` (decode groups gathered with index_select,
+# models/attention.py: the CPU's fast path), ``kernels`` (block tables built once per step and
+# the dispatched kernels, kernels/step_attention.py: the GPU's path, and on the CPU the same
+# wiring over the torch references), ``auto`` (kernels on CUDA, gather elsewhere).
+ATTENTION_PATHS = ("auto", "gather", "kernels")
+
+
+def resolve_attention_path(requested: str, device: torch.device) -> str:
+    if requested not in ATTENTION_PATHS:
+        raise ValueError(f"unknown attention path {requested!r}; valid: {', '.join(ATTENTION_PATHS)}")
+    if requested == "auto":
+        return "kernels" if device.type == "cuda" else "gather"
+    return requested
 
 
 def initial_kv_scales(loaded: LoadedModel, from_prompts: int | None) -> tuple[KVScales | None, int]:
@@ -94,7 +112,9 @@ class TorchRunner:
 
     def __init__(self, loaded_model: LoadedModel, num_blocks: int | Mapping[str, int], block_size: int,
                  device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
-                 kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None) -> None:
+                 kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None,
+                 attention: str = "auto", kernel_backend: str = "auto", enforce_eager: bool = False,
+                 max_decode_batch: int = 256, copy_engine: CopyEngine | None = None) -> None:
         # One pool size for every layer group, or one per group name (kv/hybrid.py).
         group_blocks = dict(num_blocks) if isinstance(num_blocks, Mapping) else None
         blocks = max(num_blocks.values(), default=0) if isinstance(num_blocks, Mapping) else num_blocks
@@ -125,7 +145,18 @@ class TorchRunner:
                 self.kv_caches[i] = KVCache.allocate(n, block_size, g.num_kv_heads, g.head_dim,
                                                      kv_dtype, self.device, scales.k[i], scales.v[i])
         device_caches = [c for c in self.kv_caches if c is not None]
-        self.host_kv = HostKVTransfer(device_caches, num_host_blocks) if num_host_blocks > 0 else None
+        self.host_kv = (HostKVTransfer(device_caches, num_host_blocks, copy_engine) if num_host_blocks > 0
+                        else None)
+        self.attention = resolve_attention_path(attention, self.device)
+        if kernel_backend not in KERNEL_DISPATCH:
+            raise ValueError(f"unknown kernel backend {kernel_backend!r}; valid: {', '.join(KERNEL_DISPATCH)}")
+        self.kernel_backend = kernel_backend
+        self.graphs: DecodeGraphs | None = None
+        if (self.device.type == "cuda" and not enforce_eager and self.attention == "kernels"
+                and self.kv_spec.is_uniform):
+            width = min(-(-loaded_model.max_model_len // block_size), self._num_blocks)
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, block_size, width,
+                                       capture_sizes(max_decode_batch), self.device, kernel_backend)
         if self.device.type == "cpu":
             keep_freed_memory()
         self.sampler = Sampler(loaded_model.tokenizer.stop_token_ids, seed=seed, device=self.device)
@@ -206,7 +237,8 @@ class TorchRunner:
         for c in prefills:
             input_ids.extend(c.token_ids)
             positions.extend(range(c.start_position, c.context_length))
-        meta = self._attention_metadata(decodes, prefills)
+        if self.host_kv is not None:  # no step writes a block whose store is still in flight
+            self.host_kv.before_write(self._written_blocks(order))
 
         # Rows of the hidden states that need logits: last token of sampling chunks, and every
         # token of chunks that want prompt logprobs.
@@ -227,9 +259,15 @@ class TorchRunner:
             offset += c.num_tokens
 
         with torch.inference_mode():
-            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-            hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
+            hidden = None
+            if self.graphs is not None and not prefills:
+                hidden = self.graphs.run(input_ids, positions, [c.context_length for c in decodes],
+                                         [c.block_table for c in decodes])
+            if hidden is None:
+                meta = self._attention_metadata(decodes, prefills)
+                ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+                pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+                hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
             if not rows:
                 return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
@@ -243,7 +281,9 @@ class TorchRunner:
                                 c.prompt_token_ids, c.output_token_ids)
                     for c in sample_chunks
                 ]
-                tokens = self.sampler.sample(sample_logits, sampling_rows)
+                mask = scheduler_output.token_bitmask  # structured output: allowed tokens per row
+                tokens = self.sampler.sample(sample_logits, sampling_rows, mask.rows_of(
+                    [c.request_id for c in sample_chunks]) if mask is not None else None)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens, strict=True)}
         return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
 
@@ -257,6 +297,17 @@ class TorchRunner:
             return c.group_block_tables[group]
 
         def build(window: int | None, group: str | None = None) -> AttentionMetadata:
+            if self.attention == "kernels":
+                tables = build_step_tables(
+                    self._block_size,
+                    decode_context_lens=[c.context_length for c in decodes],
+                    decode_block_tables=[table(c, group) for c in decodes],
+                    chunk_starts=[c.start_position for c in prefills],
+                    chunk_lens=[c.num_tokens for c in prefills],
+                    chunk_block_tables=[table(c, group) for c in prefills],
+                    device=self.device,
+                )
+                return kernel_metadata(tables, window, self.kernel_backend)
             meta = build_attention_metadata(
                 self._block_size,
                 decode_context_lens=[c.context_length for c in decodes],
@@ -273,6 +324,11 @@ class TorchRunner:
         if self.kv_spec.is_uniform:
             return build(None)
         return {g.name: build(g.sliding_window, g.name) for g in self.kv_spec.groups}
+
+    def _written_blocks(self, chunks: list[ScheduledChunk]) -> list[int]:
+        """The device blocks this step's new tokens go to."""
+        bs = self._block_size
+        return [b for c in chunks for b in c.block_table[c.start_position // bs : (c.context_length - 1) // bs + 1]]
 
     def _measure_kv_scales(self, chunks: list[ScheduledChunk]) -> None:
         """Set and freeze the FP8 cache scales from this first step's fresh prompts (before any write)."""
