@@ -52,8 +52,9 @@ def test_ttft_and_itl_are_the_arrival_times_of_the_server_chunks(scripted, trans
     arrival_gaps = sorted((r1 - r0) * 1e-9 for s in streams.values() for (r0, _), (r1, _) in itertools.pairwise(s))
     assert sorted(g for r in res.records for g in r.itl_s) == arrival_gaps
     # The scripted delays are floors: the first token comes no sooner than 40 ms after the send,
-    # the last no sooner than 40 ms + 15 ms per further token.
-    slack = 1e-4
+    # the last no sooner than 40 ms + 15 ms per further token. The server's event-loop timers
+    # (libuv's, in whole milliseconds on a cached clock) may fire up to ~1 ms early: 2 ms slack.
+    slack = 2e-3
     for r in ok:
         assert r.ttft_s - r.queue_s >= 0.040 - slack, r
         assert r.reply_s - r.queue_s >= 0.040 + 0.015 * (r.output_tokens - 1) - slack, r
