@@ -35,6 +35,8 @@ TABLE = [
                   scheduler=SchedulerConfig(max_queue_delay=0.0, lpm_host_weight=0.0)),
      EngineServer(port=65535, options=ServerOptions(request_timeout_s=1e9))),
     (EngineConfig(cache=CacheConfig(memory_bytes=512)), EngineServer()),  # 512 bytes, not 512 GiB
+    (EngineConfig(device="cuda:1", gpu_memory_utilization=0.85, enforce_eager=True), EngineServer()),
+    (EngineConfig(device="cpu"), EngineServer()),
     (EngineConfig(model="--", served_model_name="--port"),  # values that look like flags
      EngineServer(options=ServerOptions(api_keys=("-k", "--", "a=b")))),
 ]
@@ -65,7 +67,9 @@ scheduler = st.builds(
     max_queue_delay=floats, lpm_host_weight=st.floats(0.0, 1.0))
 engine = st.builds(
     EngineConfig, model=names, served_model_name=st.none() | names,
-    dtype=st.sampled_from(["float32", "bfloat16", "float16"]), device=st.sampled_from(["cpu", "cuda", "cuda:1"]),
+    dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+    device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1"]),
+    gpu_memory_utilization=st.none() | st.floats(1e-3, 1.0), enforce_eager=st.booleans(),
     kernels=st.sampled_from(["auto", "onednn", "torch"]), seed=st.integers(0, 2**32),
     max_model_len=st.none() | st.integers(1, 10**6), num_threads=st.none() | st.integers(1, 64),
     kv_cache_dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16", "fp8"]),
@@ -125,13 +129,23 @@ def test_chatfleet_engine_takes_the_same_flags_and_builds_the_same_config(monkey
     monkeypatch.setattr(engine_cmd, "check_port", lambda host, port: None)
     monkeypatch.delenv("CHATFLEET_API_KEY", raising=False)
     for config, srv in TABLE:
-        if config.device != "cpu" or not srv.options.salt_cache_per_key or srv.options.tokenizer_workers != 2:
+        if not srv.options.salt_cache_per_key or srv.options.tokenizer_workers != 2:
             continue  # settings `chatfleet engine` has no flag for
         argv = engine_argv(config, srv)
         result = CliRunner().invoke(app, ["engine", *argv])
         assert result.exit_code == 0, result.output
         assert seen.pop() == (config, srv)
         assert parse_engine_argv(argv) == (config, srv)
+
+
+def test_device_and_gpu_memory_flags_are_checked():
+    assert parse_engine_argv(["--device", "cuda:2", "--enforce-eager"])[0] == EngineConfig(
+        device="cuda:2", enforce_eager=True)
+    for bad in (["--device", "gpu"], ["--device", "cuda:x"], ["--gpu-memory-utilization", "0"],
+                ["--gpu-memory-utilization", "1.5"], ["--device", "cpu", "--gpu-memory-utilization", "0.9"],
+                ["--gpu-memory-utilization", "0.9", "--kv-cache-tokens", "4096"]):
+        with pytest.raises(ConfigError):
+            parse_engine_argv(bad)
 
 
 def test_later_flags_win_and_bad_flags_fail_with_a_config_error():

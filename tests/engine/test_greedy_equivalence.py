@@ -1,5 +1,10 @@
 """Greedy equivalence on the real tiny model (float32): a request's greedy output is the same
-alone or batched, chunked or not, with a prefix-cache hit or cold, and after preemption."""
+alone or batched, chunked or not, with a prefix-cache hit or cold, and after preemption.
+
+Every test runs on both attention paths of the runner: ``gather`` (the CPU's own) and
+``kernels`` (block tables built once per step and the dispatched kernels, which on the CPU run
+their torch references: the wiring a GPU runs with Triton). ``test_cuda_equivalence.py`` runs
+the same family on a GPU."""
 
 import pytest
 import torch
@@ -37,14 +42,20 @@ def prompts(loaded):
     return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
 
 
-def make_engine(loaded, num_blocks=128, prefix=True, num_host_blocks=0, **sched):
+@pytest.fixture(scope="module", params=["gather", "kernels"])
+def attention(request):
+    return request.param
+
+
+def make_engine(loaded, num_blocks=128, prefix=True, num_host_blocks=0, attention="gather", **sched):
     config = EngineConfig(
         model="tiny",
         max_model_len=MAX_LEN,
         cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
         scheduler=SchedulerConfig(**sched),
     )
-    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks)
+    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, attention=attention)
+    assert runner.attention == attention
     return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 
@@ -77,28 +88,29 @@ def run(engine, requests, stagger=0):
 
 
 @pytest.fixture(scope="module")
-def alone(loaded, prompts):
+def alone(loaded, prompts, attention):
     out = {}
     for i, p in enumerate(prompts):
-        out[f"r{i}"] = run(make_engine(loaded, prefix=False), {f"r{i}": p})[f"r{i}"]
+        out[f"r{i}"] = run(make_engine(loaded, prefix=False, attention=attention), {f"r{i}": p})[f"r{i}"]
         assert len(out[f"r{i}"]) == PARAMS.max_tokens
     assert len({tuple(t) for t in out.values()}) > 1, "the tiny model answers everything alike"
     return out
 
 
-def test_batched_equals_alone(loaded, prompts, alone):
-    got = run(make_engine(loaded, prefix=False), {f"r{i}": p for i, p in enumerate(prompts)}, stagger=2)
+def test_batched_equals_alone(loaded, prompts, alone, attention):
+    engine = make_engine(loaded, prefix=False, attention=attention)
+    got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)}, stagger=2)
     assert got == alone
 
 
-def test_chunked_prefill_equals_unchunked(loaded, prompts, alone):
-    engine = make_engine(loaded, prefix=False, max_batched_tokens=7)
+def test_chunked_prefill_equals_unchunked(loaded, prompts, alone, attention):
+    engine = make_engine(loaded, prefix=False, max_batched_tokens=7, attention=attention)
     got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
     assert got == alone
 
 
-def test_prefix_cache_hit_equals_cold(loaded, prompts, alone):
-    engine = make_engine(loaded)
+def test_prefix_cache_hit_equals_cold(loaded, prompts, alone, attention):
+    engine = make_engine(loaded, attention=attention)
     run(engine, {"warm": prompts[0]})
     got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
     assert got == alone
@@ -107,9 +119,9 @@ def test_prefix_cache_hit_equals_cold(loaded, prompts, alone):
     assert engine.stats().prefix_cache_hits > 0
 
 
-def test_host_tier_reload_equals_cold(loaded, prompts, alone):
+def test_host_tier_reload_equals_cold(loaded, prompts, alone, attention):
     longest = max(len(p) for p in prompts) + PARAMS.max_tokens
-    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, num_host_blocks=64)
+    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, num_host_blocks=64, attention=attention)
     run(engine, {f"r{i}": p for i, p in enumerate(prompts)})  # each evicts the one before
     assert engine.stats().host_demotions > 0
     got = run(engine, {"r0": prompts[0], "r4": prompts[4]})
@@ -119,19 +131,20 @@ def test_host_tier_reload_equals_cold(loaded, prompts, alone):
     assert all(b.ref_cnt == 0 for b in engine.kv.host_pool.blocks)
 
 
-def test_preempted_equals_alone(loaded, prompts, alone):
+def test_preempted_equals_alone(loaded, prompts, alone, attention):
     longest = max(len(p) for p in prompts) + PARAMS.max_tokens
-    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, prefix=False, max_batched_tokens=24)
+    engine = make_engine(loaded, num_blocks=-(-longest // BS) + 1, prefix=False, max_batched_tokens=24,
+                         attention=attention)
     got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)})
     assert engine.stats().num_preemptions > 0, engine.stats()
     assert got == alone
 
 
-def test_prompt_logprobs_chunked_match_unchunked(loaded, prompts):
+def test_prompt_logprobs_chunked_match_unchunked(loaded, prompts, attention):
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2)
 
     def score(**sched):
-        engine = make_engine(loaded, **sched)
+        engine = make_engine(loaded, attention=attention, **sched)
         engine.add_request("s", prompts[4], params)
         outs = []
         while engine.has_unfinished_requests():

@@ -19,6 +19,15 @@ def engine(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind."),
     dtype: str = typer.Option(_E.dtype, "--dtype", help="float32, bfloat16 or float16."),
+    device: str = typer.Option(_E.device, "--device", help="auto (CUDA when present), cpu, cuda or cuda:N."),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization",
+        help="GPU: share of the card for weights, activations and KV; the KV pool gets what a profile "
+             "pass at the step budget leaves (instead of --kv-cache-tokens / --kv-cache-memory).",
+    ),
+    enforce_eager: bool = typer.Option(
+        False, "--enforce-eager", help="GPU: run decode steps eagerly (no CUDA graphs)."
+    ),
     kernels: str = typer.Option(
         _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
     ),
@@ -121,6 +130,9 @@ def engine(
             quantization=quantization,
             embedding_dtype=embedding_dtype,
             language_model_only=language_model_only,
+            device=device,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
             cache=CacheConfig(
                 block_size=block_size,
                 num_tokens=kv_cache_tokens,

@@ -129,8 +129,11 @@ def _max_model_len(config: EngineConfig, model_max_len: int | None, runner: Runn
 def _load_runner(config: EngineConfig) -> _LoadedRunner:
     """Load the model, plan its KV memory (device pool(s), host tier), check it fits, make the
     torch runner."""
+    from chatfleet.engine.runner.device import resolve_device_name
     from chatfleet.engine.runner.torch_runner import TorchRunner
 
+    device = resolve_device_name(config.device)
+    config = replace(config, device=device)
     loaded = _load_model(config)
     memory: MemoryBreakdown | None = None
     if has_config_reader(loaded.hf_config):
@@ -155,7 +158,8 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
     check_kv_fits(pool_plan.num_bytes, host_plan.num_bytes if host_plan else 0, config.device)
     runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
                          num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
-                         kv_scales_from_prompts=config.kv_scales_from_prompts)
+                         kv_scales_from_prompts=config.kv_scales_from_prompts,
+                         enforce_eager=config.enforce_eager, max_decode_batch=config.scheduler.max_running)
     return _LoadedRunner(runner, loaded.tokenizer, loaded.max_model_len, loaded.config.vocab_size,
                          kv_spec, pool_plan, memory)
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chatfleet.engine.device import check_device_name
 from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.models.backends import KERNEL_BACKENDS
@@ -121,7 +122,7 @@ class EngineConfig:
     model: str = "tiny"  # a local HF folder, or the built-in names 'tiny' / 'small'
     served_model_name: str | None = None
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # --device auto|cpu|cuda[:N] (auto: CUDA when present; engine/device.py)
     kernels: str = "auto"  # model kernels: auto (oneDNN on CPU where available), onednn, torch
     seed: int = 0
     max_model_len: int | None = None  # default: the model's max_position_embeddings
@@ -133,12 +134,27 @@ class EngineConfig:
     embedding_dtype: str = "auto"  # --embedding-dtype
     # A multimodal checkpoint's vision/audio towers are never read (no image or audio input is served).
     language_model_only: bool = True  # --language-model-only / --no-language-model-only
+    # On a GPU (engine/sizing/gpu_budget.py): this share of the card for weights + activations +
+    # KV, the KV pool getting what a profile pass at the step budget leaves; None: size the pool
+    # by the cache config's tokens or bytes.
+    gpu_memory_utilization: float | None = None  # --gpu-memory-utilization
+    enforce_eager: bool = False  # --enforce-eager: no CUDA graphs for decode steps
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        check_device_name(self.device)
+        if self.gpu_memory_utilization is not None:
+            if not 0.0 < self.gpu_memory_utilization <= 1.0:
+                raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            if self.device == "cpu":
+                raise ConfigError("--gpu-memory-utilization needs a GPU device; on the CPU size the pool with "
+                                  "--kv-cache-memory or --kv-cache-tokens")
+            if self.cache.num_tokens is not None or self.cache.memory_bytes is not None:
+                raise ConfigError("give --gpu-memory-utilization or a KV pool size (--kv-cache-tokens, "
+                                  "--kv-cache-memory), not both")
         if self.kernels not in KERNEL_BACKENDS:
             raise ConfigError(f"unknown kernel backend {self.kernels!r}; valid: {', '.join(KERNEL_BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -37,7 +37,12 @@ def host_memory(meminfo: Path = MEMINFO) -> FreeMemory | None:
 
 
 def device_memory(device: str) -> FreeMemory | None:
-    """Free and total memory of ``device``: the host for CPU, the GPU's own for CUDA."""
+    """Free and total memory of ``device``: the host for CPU, the GPU's own for CUDA (``auto``:
+    whichever ``engine/device.py`` resolves it to)."""
+    if device == "auto":
+        from chatfleet.engine.runner.device import resolve_device_name
+
+        device = resolve_device_name(device)
     if not device.startswith("cuda"):
         return host_memory()
     import torch
@@ -62,6 +67,10 @@ def check_kv_fits(device_pool_bytes: int, host_pool_bytes: int, device: str) -> 
     """The device KV pool against the device's free memory, the host tier against the host's."""
     check_fits(device_pool_bytes, "the KV cache", "--kv-cache-memory or --kv-cache-tokens", device_memory(device))
     if host_pool_bytes:
+        if device == "auto":
+            from chatfleet.engine.runner.device import resolve_device_name
+
+            device = resolve_device_name(device)
         host = host_memory()
         if not device.startswith("cuda") and host is not None:  # both pools live on the host
             host = FreeMemory(host.free_bytes - device_pool_bytes, host.total_bytes, "host")

@@ -16,6 +16,7 @@ its sequence's keys with a causal offset (``prefill_attention.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -29,8 +30,19 @@ from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
-__all__ = ["AttentionMetadata", "ChunkSpan", "KVCache", "Workspace", "build_attention_metadata",
-           "causal_attention", "paged_attention"]
+__all__ = ["AttentionMetadata", "ChunkSpan", "KVCache", "PagedAttentionOps", "Workspace",
+           "build_attention_metadata", "causal_attention", "paged_attention"]
+
+
+class PagedAttentionOps(Protocol):
+    """A step's paged attention run by other kernels, over block tables the runner built once
+    for the step (``engine/kernels/step_attention.py``: the KV store and the paged decode and
+    prefill dispatchers). The model only calls it; it never imports the kernels."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, scale: float,
+               write: bool) -> torch.Tensor:
+        """As ``paged_attention``: store k/v (when ``write``), then q [T, Hq, D] -> [T, Hq, D]."""
+        ...
 
 
 @dataclass
@@ -59,6 +71,7 @@ class AttentionMetadata:
     chunks: list[ChunkSpan] = field(default_factory=list)
     workspace: Workspace | None = None  # reusable gather buffers (saves page faults per layer)
     sliding_window: int | None = None  # queries see only the last ``sliding_window`` positions
+    ops: PagedAttentionOps | None = None  # set: the step runs through these kernels instead
 
 
 def build_attention_metadata(
@@ -125,6 +138,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     ``kernels``: the resolved kernel backend for multi-token chunks (``onednn`` or ``torch``).
     ``write=False``: k/v are already in ``cache`` (a layer reading another layer's KV).
     """
+    if meta.ops is not None:
+        return meta.ops.attend(q, k, v, cache, scale, write)
     num_kv_heads, num_blocks, block_size, head_dim = cache.key.shape
     if write:
         cache.write(meta.slot_mapping, k, v)
