@@ -281,7 +281,9 @@ class TorchRunner:
                                 c.prompt_token_ids, c.output_token_ids)
                     for c in sample_chunks
                 ]
-                tokens = self.sampler.sample(sample_logits, sampling_rows)
+                mask = scheduler_output.token_bitmask  # structured output: allowed tokens per row
+                tokens = self.sampler.sample(sample_logits, sampling_rows, mask.rows_of(
+                    [c.request_id for c in sample_chunks]) if mask is not None else None)
                 sampled = {c.request_id: t for c, t in zip(sample_chunks, tokens, strict=True)}
         return RunnerOutput(sampled=sampled, prompt_logprobs=prompt_lps, kv_transfer=transfer_stats)
 
