@@ -22,6 +22,7 @@ from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
 from chatfleet.engine.memory_check import check_kv_fits
 from chatfleet.engine.runner.base import Runner
 from chatfleet.engine.sizing.config_readers import has_config_reader
+from chatfleet.engine.sizing.gpu_budget import GpuMemoryPlan, usable_bytes
 from chatfleet.engine.sizing.memory import MemoryBreakdown
 from chatfleet.errors import ConfigError
 
@@ -132,12 +133,19 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
     from chatfleet.engine.runner.device import resolve_device_name
     from chatfleet.engine.runner.torch_runner import TorchRunner
 
-    device = resolve_device_name(config.device)
-    config = replace(config, device=device)
+    utilization = config.gpu_memory_utilization
+    config = replace(config, device=resolve_device_name(config.device), gpu_memory_utilization=None)
     loaded = _load_model(config)
     memory: MemoryBreakdown | None = None
+    gpu_plan: GpuMemoryPlan | None = None
+    if utilization is not None:
+        config, gpu_plan = _size_pool_for_gpu(config, loaded, utilization)
     if has_config_reader(loaded.hf_config):
         memory = engine_memory(config, loaded.hf_config)
+        if gpu_plan is not None:  # the start-up table shows the card's split
+            memory = replace(memory, budget_bytes=usable_bytes(gpu_plan.total_bytes, gpu_plan.utilization, 0),
+                             reserved_bytes=gpu_plan.activation_bytes)
+            log.info("%s", gpu_plan.describe())
         kv_spec, pool_plan = memory.kv_spec, memory.pool
         assert pool_plan is not None
         log.info("%s", memory.describe())
@@ -162,6 +170,26 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
                          enforce_eager=config.enforce_eager, max_decode_batch=config.scheduler.max_running)
     return _LoadedRunner(runner, loaded.tokenizer, loaded.max_model_len, loaded.config.vocab_size,
                          kv_spec, pool_plan, memory)
+
+
+def _size_pool_for_gpu(config: EngineConfig, loaded: Any, utilization: float) -> tuple[EngineConfig, GpuMemoryPlan]:
+    """``--gpu-memory-utilization``: profile a step at the budget, give the KV pool the rest of
+    that share of the card (engine/sizing/gpu_budget.py); the config then names the pool's bytes."""
+    import torch
+
+    from chatfleet.engine.runner import memory_profile
+
+    if not has_config_reader(loaded.hf_config):
+        raise ConfigError("--gpu-memory-utilization needs the memory arithmetic for this model type; "
+                          "size the pool with --kv-cache-memory")
+    device = torch.device(config.device)
+    probe = memory_profile.probe_for(device)
+    tokens = min(config.scheduler.max_batched_tokens, loaded.max_model_len)
+    activations = memory_profile.profile_activation_peak(
+        loaded.model, tokens, config.scheduler.max_running, loaded.config.vocab_size, device, probe)
+    weights = engine_memory(config, loaded.hf_config).weight_bytes
+    plan = GpuMemoryPlan(config.device, probe.total_bytes(), utilization, weights, activations, tokens).check()
+    return replace(config, cache=replace(config.cache, memory_bytes=plan.kv_bytes)), plan
 
 
 def _load_model(config: EngineConfig) -> Any:

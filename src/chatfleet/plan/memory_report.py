@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.engine.kv.spec import PoolPlan
+from chatfleet.engine.sizing.gpu_budget import usable_bytes
 from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
 from chatfleet.plan.capacity import ChatFit, LengthDistribution, fit
@@ -59,7 +60,7 @@ def budget_for(gpu: GpuSpec, memory_fraction: float | None, budget: int | None, 
     fraction = 0.9 if memory_fraction is None else memory_fraction
     if not 0 < fraction <= 1:
         raise ConfigError(f"--memory-fraction must be in (0, 1], got {fraction}")
-    value = int(fraction * gpu.memory_bytes) - reserve
+    value = usable_bytes(gpu.memory_bytes, fraction, reserve)  # the engine's --gpu-memory-utilization split
     if value <= 0:
         raise ConfigError(f"{fraction:g} of {gpu.name}'s memory minus a reserve of {reserve / 2**30:.2f} GiB leaves nothing")
     return value
