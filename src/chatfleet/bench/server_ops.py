@@ -5,11 +5,13 @@ hit), the cache is reset, and the prompt is sent again: it must now report no ca
 read from ``usage.prompt_tokens_details.cached_tokens`` or, when the server does not report
 it, from the ``vllm:prefix_cache_hits`` counter. Anything else fails loudly.
 
-Behind a chatfleet gateway (``chatfleet serve``, ``chatfleet gateway``: it answers
-``/gateway/status``) that does not pass the reset on to its replicas, the run goes ahead without
-one and says so (``ResetCheck.method == "not-reset"``, ``GATEWAY_NOTE``): what is verified (the
-replies, their timing and the hit rates the replicas report) and what is not (that each run
-starts from an empty cache), never a hint about engine flags the gateway cannot act on.
+Through a chatfleet gateway (``chatfleet serve``, ``chatfleet gateway``: it answers
+``/gateway/status``) the reset goes to every replica at once and the gateway reports each
+(``{"success", "replicas": [{"url", "success", "error"}, ...]}``); a replica that failed is named
+in the error. The probe then verifies the flush end to end: its conversation lands on the same
+replica each time (the gateway's session affinity), so a cached token after the reset means that
+replica kept its cache. An older gateway that answers the reset 404 does not pass it on: the run
+goes ahead without one and says so (``ResetCheck.method == "not-reset"``, ``GATEWAY_NOTE``).
 """
 
 from __future__ import annotations
@@ -134,6 +136,11 @@ class ServerControl:
             raise ResetError(f"prefix-cache reset {path} failed: {e}") from e
         if r.status_code == 404 and await self.is_gateway():
             raise GatewayCannotReset(GATEWAY_NOTE.format(url=self.ep.origin))
+        if r.status_code in (200, 502) and await self.is_gateway():
+            return self._check_fleet_reset(path, r)
+        if r.status_code == 401 and await self.is_gateway():
+            raise ResetError(f"the gateway's {path} needs its admin key (the gateway's --admin-key): "
+                             f"give it as --api-key (an admin key is also a tenant key there): {r.text[:300]}")
         if r.status_code != 200:
             hint = {"vllm": " (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)",
                     "chatfleet": " (start the chatfleet engine with --enable-admin-api for it)"}.get(self.kind, "")
@@ -144,6 +151,23 @@ class ServerControl:
             return
         if isinstance(body, dict) and (body.get("success") is False or body.get("prefix_cache_empty") is False):
             raise ResetError(f"prefix-cache reset {path} did not empty the cache: {r.text[:300]}")
+
+    @staticmethod
+    def _check_fleet_reset(path: str, r: httpx.Response) -> None:
+        """A gateway's report: every replica must have emptied its cache."""
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("replicas"), list):
+            raise ResetError(f"the gateway's {path} answered HTTP {r.status_code} without a per-replica "
+                             f"report: {r.text[:300]}")
+        failed = [rep for rep in body["replicas"] if isinstance(rep, dict) and not rep.get("success")]
+        if not body["replicas"]:
+            raise ResetError(f"the gateway's {path} reached no replica")
+        if failed or body.get("success") is False or r.status_code != 200:
+            named = "; ".join(f"{rep.get('url')}: {rep.get('error') or 'not reset'}" for rep in failed)
+            raise ResetError(f"the gateway could not reset every replica's prefix cache ({named or r.text[:300]})")
 
     async def reset_verified(self, verify: bool = True) -> ResetCheck:
         """Reset the prefix cache and prove it is empty; raises ResetError otherwise."""

@@ -1,15 +1,19 @@
 """The gateway's HTTP front: an OpenAI-compatible API over a set of replicas.
 
 Routes: ``POST /v1/chat/completions`` and ``/v1/completions`` (validated here, then proxied),
-``GET /v1/models`` (models of the healthy replicas), ``GET /health`` (200 while some replica is
-healthy), ``GET /metrics`` (Prometheus), ``GET /gateway/status`` (replica states as JSON) and
-``GET /openapi.json`` (see ``openapi.py``).
+``GET /v1/models`` (models of the healthy replicas), ``GET /v1/models/{id}`` and ``POST
+/tokenize`` (passed through to one replica), ``POST /reset_prefix_cache`` (admin: every
+replica, see ``fleet_ops.py``), ``GET /health`` (200 while some replica is healthy), ``GET
+/metrics`` (the gateway's own series, and where the replicas' are), ``GET /gateway/status``
+(replica states as JSON), ``GET /gateway/targets`` (the replicas as Prometheus HTTP service
+discovery) and ``GET /openapi.json`` (see ``openapi.py``).
 The gateway's state and request handling live in ``service.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -17,9 +21,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from chatfleet.errors import NoHealthyReplicaError
+from chatfleet.errors import NoHealthyReplicaError, UpstreamError
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.discovery import Discovery
+from chatfleet.gateway.fleet_ops import forward, pass_through_replica, reset_fleet, scrape_note, scrape_targets
 from chatfleet.gateway.jsonlog import configure_json_logging
 from chatfleet.gateway.metrics import CONTENT_TYPE
 from chatfleet.gateway.openapi import gateway_openapi
@@ -69,7 +74,35 @@ def create_app(config: GatewayConfig,
                              "replicas": len(gateway.replicas.urls)})
 
     async def metrics(request: Request) -> Response:
-        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(gateway.metrics.render() + scrape_note(gateway), media_type=CONTENT_TYPE)
+
+    async def targets(request: Request) -> JSONResponse:
+        gateway.check_auth(request)
+        return JSONResponse(scrape_targets(gateway))
+
+    async def reset(request: Request) -> JSONResponse:
+        gateway.check_admin(request)
+        report = await reset_fleet(gateway)
+        return JSONResponse(report.to_dict(), status_code=200 if report.success else 502)
+
+    async def passed_through(request: Request, model: str | None) -> Response:
+        gateway.check_auth(request)
+        body = await gateway.read_body(request) if request.method == "POST" else None
+        url = pass_through_replica(gateway, model)
+        if url is None:
+            raise NoHealthyReplicaError("no healthy replica is available; retry later")
+        headers = gateway.upstream_headers(request, request.headers.get(config.request_id_header) or uuid.uuid4().hex)
+        answer = await forward(gateway, url, request.method, request.url.path, body, headers)
+        if answer is None:
+            raise UpstreamError(f"the replica for {request.url.path} did not answer; retry later")
+        return Response(answer.body, status_code=answer.status, media_type=answer.content_type,
+                        headers={config.replica_header: url})
+
+    async def model(request: Request) -> Response:
+        return await passed_through(request, request.path_params["model"])
+
+    async def tokenize(request: Request) -> Response:
+        return await passed_through(request, None)
 
     async def status(request: Request) -> JSONResponse:
         gateway.check_auth(request)
@@ -79,6 +112,10 @@ def create_app(config: GatewayConfig,
     app.router.add_route("/health", health, methods=["GET"])
     app.router.add_route("/metrics", metrics, methods=["GET"])
     app.router.add_route("/gateway/status", status, methods=["GET"])
+    app.router.add_route("/gateway/targets", targets, methods=["GET"])
+    app.router.add_route("/reset_prefix_cache", reset, methods=["POST"])
+    app.router.add_route("/v1/models/{model:path}", model, methods=["GET"])
+    app.router.add_route("/tokenize", tokenize, methods=["POST"])
     return app
 
 

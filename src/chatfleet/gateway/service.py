@@ -171,13 +171,28 @@ class Gateway:
 
     # -- request handling --------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
+        """A key of ``api_keys`` (or of ``admin_api_keys``: an admin is a tenant too, so one key
+        runs a sweep and its resets); open when no key is set."""
+        keys = self.config.api_keys + self.config.admin_api_keys
         if not self.config.api_keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.config.api_keys
+            hmac.compare_digest(token.strip().encode(), key.encode()) for key in keys
         ):
             raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
+
+    def check_admin(self, request: Request) -> None:
+        """Admin routes: a key of ``admin_api_keys``; open only on a gateway with no keys at all."""
+        if not self.config.admin_api_keys:
+            if self.config.api_keys:
+                raise AuthenticationError("admin routes need an admin key; start the gateway with --admin-key")
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(
+            hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.config.admin_api_keys
+        ):
+            raise AuthenticationError("missing or invalid admin key; send 'Authorization: Bearer <admin key>'")
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes

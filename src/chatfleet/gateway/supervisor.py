@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from chatfleet.errors import ConfigError
 from chatfleet.engine.launcher import Fleet
+from chatfleet.errors import ConfigError
 
 log = logging.getLogger("chatfleet.gateway")
 
@@ -59,7 +59,7 @@ class ReplicaSupervisor:
         self._thread: threading.Thread | None = None
         now = clock()
         self._states = {url: ProcessState(pid=p.pid, running=True)
-                        for url, p in zip(fleet.urls, fleet.processes)}
+                        for url, p in zip(fleet.urls, fleet.processes, strict=True)}
         self._backoff = {url: policy.min_backoff_s for url in fleet.urls}
         self._started_at = {url: now for url in fleet.urls}
         self._due: dict[str, float] = {}  # url -> when to restart it
