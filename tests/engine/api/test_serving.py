@@ -2,7 +2,6 @@
 
 import pytest
 
-from chatfleet.engine.outputs import TokenLogprob
 from chatfleet.engine.api.serving import (
     CompletionLogprobsBuilder,
     TokenText,
@@ -10,6 +9,9 @@ from chatfleet.engine.api.serving import (
     completion_prompt,
     completion_sampling_params,
 )
+from chatfleet.engine.api.structured_output import request_grammar
+from chatfleet.engine.outputs import TokenLogprob
+from chatfleet.engine.structured.spec import ANY_JSON_OBJECT
 from chatfleet.errors import InvalidRequestError, RequestTooLongError
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
 
@@ -46,11 +48,28 @@ def test_default_max_tokens_fills_what_is_left():
         chat_sampling_params(chat(), 100, 100)
 
 
-@pytest.mark.parametrize("kw", [{"response_format": {"type": "json_object"}}])
-def test_unsupported_options_are_400(kw):
+@pytest.mark.parametrize("kw", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+    {"response_format": {"type": "json_object"}, "tool_choice": "required",
+     "tools": [{"type": "function", "function": {"name": "f"}}]},
+    {"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {
+        "name": "f"}}]},
+])
+def test_grammar_options_that_cannot_be_served_are_400(kw):
     with pytest.raises(InvalidRequestError) as ei:
-        chat_sampling_params(chat(**kw), 10, 100)
-    assert ei.value.param == next(iter(kw))
+        request_grammar(chat(**kw), "qwen3")
+    assert ei.value.param.startswith(next(iter(kw)))
+
+
+def test_response_format_and_forced_tools_carry_a_grammar():
+    plain = chat()
+    assert request_grammar(plain, "qwen3") is None and chat_sampling_params(plain, 10, 100).grammar is None
+    req = chat(response_format={"type": "json_object"})
+    grammar = request_grammar(req, "qwen3")
+    assert chat_sampling_params(req, 10, 100, grammar).grammar == ANY_JSON_OBJECT
+    req = chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
+    spec = request_grammar(req, "qwen3").spec
+    assert spec.kind == "lark" and "<tool_call>" in spec.source and '"f"' in spec.source
 
 
 def test_completion_max_tokens_zero_runs_one_token_and_prompt_logprobs_only_with_echo():

@@ -101,7 +101,7 @@ def test_without_tools_the_text_is_plain_content(server):
     assert none.choices[0].message.content == REPLY and none.choices[0].finish_reason == "stop"
 
 
-def test_history_with_calls_and_results_renders_and_forced_choice_is_refused(server):
+def test_history_with_calls_and_results_renders_and_a_forced_choice_of_no_tool_is_refused(server):
     history = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
@@ -111,8 +111,8 @@ def test_history_with_calls_and_results_renders_and_forced_choice_is_refused(ser
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in prompt
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        server.client.chat.completions.create(model="sim", messages=MESSAGES, tools=TOOLS, tool_choice="required",
-                                              max_tokens=5)
+        server.client.chat.completions.create(model="sim", messages=MESSAGES, tools=TOOLS, max_tokens=5,
+                                              tool_choice={"type": "function", "function": {"name": "fly"}})
     assert server.client.models.list().data  # still healthy
 
 

@@ -66,6 +66,11 @@ class StructuredOutputs:
                 continue
             if not m.consume_token(token_id):
                 log.warning("request %s: token %d is outside its grammar (%s); it is no longer constrained",
-                            rid, token_id, m.get_error())
+                            rid, token_id, _first_error_line(m.get_error()))
                 del self._matchers[rid]
 
+
+def _first_error_line(error: str) -> str:
+    """llguidance's error text dumps its parser state; the line that says what went wrong."""
+    lines = error.strip().splitlines() or [""]
+    return next((line for line in lines if "Error" in line), lines[0])[:200]
