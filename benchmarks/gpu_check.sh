@@ -41,8 +41,9 @@ if ! "$PY" -c "import pytest" 2>/dev/null && [[ -d "$SITE" ]]; then
   export PYTHONPATH="$PYTHONPATH:$PWD/$SITE"
 fi
 if "$PY" -c "import pytest" 2>/dev/null; then
-  echo "== cuda tests (limit 120 s)"
-  timeout 120 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" -m cuda tests/engine/kernels \
+  echo "== cuda tests: kernels, then the engine's equivalence family (limit 150 s)"
+  timeout 150 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" -m cuda tests/engine/kernels \
+    tests/engine/test_cuda_equivalence.py \
     --junitxml="$OUT_DIR/gpu_check_tests.xml" 2>&1 | tail -40
   echo "cuda tests exit status: ${PIPESTATUS[0]}"
 else
