@@ -1,10 +1,15 @@
 """The tool-call checker on fixtures, and the 40 cases themselves."""
 
+import asyncio
 import json
 from collections import Counter
 
+import httpx
 import pytest
 
+import chatfleet.gate.runner  # noqa: F401  (registers the suites)
+from chatfleet.gate.client import GateClient, SamplingSettings
+from chatfleet.gate.suite import SUITES, SuiteContext, SuiteSettings, Verdict
 from chatfleet.gate.tool_cases import CASES, CATEGORY_COUNTS, FUNCTIONS, OMITTED
 from chatfleet.gate.tool_check import check_reply, normalize_string
 
@@ -68,8 +73,9 @@ def test_numbers_compare_by_value_and_arrays_elementwise():
     assert check_reply(BY_ID["simple-03"], [call("convert_currency", amount=250.0, from_currency="usd",
                                                  to_currency="EUR")], "").correct
     ev = BY_ID["simple-12"]
-    assert check_reply(ev, [call("create_event", title="Team sync", date="2025-03-14", attendees=["Bob", "Alice"])], "").correct
-    assert not check_reply(ev, [call("create_event", title="Team sync", date="2025-03-14", attendees=["bob"])], "").correct
+    sync = {"title": "Team sync", "date": "2025-03-14"}
+    assert check_reply(ev, [call("create_event", **sync, attendees=["Bob", "Alice"])], "").correct
+    assert not check_reply(ev, [call("create_event", **sync, attendees=["bob"])], "").correct
 
 
 def test_invalid_json_and_unparsed_tool_call_text_count_as_invalid():
@@ -84,3 +90,30 @@ def test_no_call_cases_want_no_call():
     case = BY_ID["nocall-01"]
     assert check_reply(case, None, "Why did the cat sit on the laptop?").correct
     assert not check_reply(case, [call("get_weather", city="Paris")], "").correct
+
+
+def test_tools_required_forces_calls_on_the_cases_where_a_call_is_right():
+    by_user = {c.user: c for c in CASES}
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body["tool_choice"])
+        case = by_user[body["messages"][-1]["content"]]
+        calls = [{"type": "function", "function": {"name": name, "arguments": json.dumps(
+            {k: next(v for v in vals if v != OMITTED) for k, vals in args.items() if vals != [OMITTED]})}}
+            for name, args in case.expected]
+        msg = {"role": "assistant", "content": "", "tool_calls": calls}
+        return httpx.Response(200, json={"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]})
+
+    def client() -> GateClient:
+        c = GateClient("http://scripted", model="m")
+        c.http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        return c
+
+    ctx = SuiteContext(client(), client(), SamplingSettings(), SuiteSettings())
+    result = asyncio.run(SUITES.make("tools_required", ctx))
+    n_call = sum(1 for c in CASES if c.expected)
+    assert n_call == 36 and result.metrics["cases"] == n_call and result.metrics["tool_choice"] == "required"
+    assert set(seen) == {"required"} and result.verdict is Verdict.PASS
+    assert result.metrics["table"]["both"] == n_call

@@ -23,7 +23,8 @@ COLOURS = {"pass": "green", "fail": "red", "invalid": "yellow", "inconclusive": 
 def gate(
     baseline: str = typer.Option(..., "--baseline", help="URL of the stock server, e.g. http://127.0.0.1:8000"),
     candidate: str = typer.Option(..., "--candidate", help="URL of the server under test."),
-    suite: str = typer.Option("gsm8k,tools,roleplay", "--suite", help="Comma-separated: gsm8k, tools, roleplay."),
+    suite: str = typer.Option("gsm8k,tools,tools_required,roleplay", "--suite",
+                              help="Comma-separated: gsm8k, tools, tools_required, roleplay."),
     out: Path | None = typer.Option(None, "--out", help="Folder for the JSONL, summary.json and report.html."),
     baseline_api_key: str | None = typer.Option(None, "--baseline-api-key", envvar="GATE_BASELINE_API_KEY"),
     candidate_api_key: str | None = typer.Option(None, "--candidate-api-key", envvar="GATE_CANDIDATE_API_KEY"),

@@ -169,10 +169,10 @@ class GateClient:
             return Reply(error=f"malformed completion: {exc!r}", raw=out)
 
     async def chat(self, messages: list[dict], sampling: SamplingSettings, max_tokens: int, *,
-                   tools: list[dict] | None = None) -> Reply:
+                   tools: list[dict] | None = None, tool_choice: str = "auto") -> Reply:
         body: dict = {**sampling.body(max_tokens), "messages": messages, "stream": False}
         if tools is not None:
-            body.update(tools=tools, tool_choice="auto")
+            body.update(tools=tools, tool_choice=tool_choice)
         out = await self._post("/v1/chat/completions", body)
         if isinstance(out, str):
             return Reply(error=out)

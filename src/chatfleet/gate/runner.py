@@ -32,7 +32,7 @@ class ServerSpec:
 class GateConfig:
     baseline: ServerSpec
     candidate: ServerSpec
-    suites: tuple[str, ...] = ("gsm8k", "tools", "roleplay")
+    suites: tuple[str, ...] = ("gsm8k", "tools", "tools_required", "roleplay")
     out_dir: Path | None = None
     concurrency: int = 4
     timeout_s: float = 300.0
