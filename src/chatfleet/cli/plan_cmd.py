@@ -80,12 +80,19 @@ def gpus_cmd(catalog: Path | None = O_CATALOG) -> None:
     except ChatfleetError as e:
         _fail(e)
     t = Table(title="GPU catalog (spec sheets; dense, not sparse)")
-    for col in ("GPU", "memory GB", "HBM GB/s", "BF16 TFLOPS", "FP8 TFLOPS", "PCIe GB/s", "P2P GB/s"):
+    for col in ("GPU", "memory GB", "HBM GB/s", "BF16 TFLOPS", "FP8 TFLOPS", "PCIe GB/s", "P2P GB/s", "step costs"):
         t.add_column(col)
     for g in cat.gpus:
         t.add_row(g.name, f"{g.memory_bytes / 1e9:g}", f"{g.memory_bandwidth_gbps:g}", f"{g.bf16_tflops:g}",
-                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.pcie_gbps:g}", f"{g.p2p_gbps:g}")
+                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.pcie_gbps:g}", f"{g.p2p_gbps:g}",
+                  "calibrated" if g.calibration else "extrapolated")
     out.print(t)
+    calibrated = [g for g in cat.gpus if g.calibration]
+    for g in calibrated:
+        out.print(f"{g.name}: {g.calibration}", highlight=False, markup=False)
+    rest = ", ".join(g.name for g in cat.gpus if not g.calibration) or "none"
+    out.print(f"calibrated on the card (benchmarks/gpu_check.sh): {len(calibrated)} of {len(cat.gpus)}; "
+              f"extrapolated from spec sheets and catalog efficiencies: {rest}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,12 +4,15 @@
 the same layout (its entries replace packaged ones of the same name, or add new GPUs).
 ``Catalog.get(name)`` finds a GPU by name or alias, case-insensitively; an unknown name fails
 listing the known ones. Every entry is validated on load (``ConfigError`` naming the file, the
-GPU and the field).
+GPU and the field). Cards measured on the card itself (``gpu_check`` runs committed under
+``plan/calibrations/``, ``gpu_calibration.py``) get the memory efficiency and step overhead
+fitted from them and say so (``GpuSpec.step_costs``); the others are extrapolated from their
+spec sheet and the efficiencies here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -18,6 +21,7 @@ import yaml
 
 from chatfleet.engine.config import parse_memory_size
 from chatfleet.errors import ConfigError
+from chatfleet.plan.gpu_calibration import MeasuredDecode, fit, packaged_calibrations, read_calibration_files
 
 _FIELDS = ("memory", "memory_bandwidth_gbps", "bf16_tflops", "fp8_tflops", "pcie_gbps", "p2p_gbps",
            "aliases", "efficiency", "source")
@@ -60,6 +64,12 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     efficiency: Efficiency = field(default_factory=Efficiency)
     source: str = ""
+    calibration: str = ""  # where its efficiencies were measured ("": extrapolated)
+
+    @property
+    def step_costs(self) -> str:
+        """How the planner's step costs for this card were obtained."""
+        return self.calibration or "extrapolated (spec sheet x catalog efficiencies)"
 
     def flops_per_s(self, precision: str) -> float:
         """Peak dense tensor FLOP/s for weights in ``precision`` ("fp8" or anything 16-bit)."""
@@ -179,13 +189,38 @@ def parse_catalog(text: str, where: str) -> Catalog:
     return Catalog(gpus)
 
 
-def load_catalog(extra: Path | str | None = None) -> Catalog:
-    """The packaged catalog, extended (and overridden by name) with ``extra`` when given."""
+def load_catalog(extra: Path | str | None = None, calibrations: Sequence[Path] | None = None) -> Catalog:
+    """The packaged catalog, extended (and overridden by name) with ``extra`` when given, each
+    card measured in ``calibrations`` (default: the packaged ``plan/calibrations/*.json``)
+    calibrated from its newest run."""
     text = resources.files("chatfleet.plan").joinpath("gpus.yaml").read_text(encoding="utf-8")
     catalog = parse_catalog(text, "gpus.yaml (packaged)")
-    if extra is None:
+    if extra is not None:
+        path = Path(extra)
+        if not path.is_file():
+            raise ConfigError(f"GPU catalog {path} does not exist")
+        catalog = catalog.merged(parse_catalog(path.read_text(encoding="utf-8"), str(path)))
+    return calibrated(catalog, packaged_calibrations() if calibrations is None else calibrations)
+
+
+def calibrated(catalog: Catalog, calibrations: Sequence[Path]) -> Catalog:
+    """``catalog`` with each measured card's memory efficiency and step overhead fitted from its
+    newest calibration file (an unknown card fails naming the file)."""
+    measured = read_calibration_files(calibrations)
+    if not measured:
         return catalog
-    path = Path(extra)
-    if not path.is_file():
-        raise ConfigError(f"GPU catalog {path} does not exist")
-    return catalog.merged(parse_catalog(path.read_text(encoding="utf-8"), str(path)))
+    by_name: dict[str, MeasuredDecode] = {}
+    for m in measured.values():
+        try:
+            by_name[catalog.get(m.card).name] = m
+        except ConfigError as e:
+            raise ConfigError(f"calibration {m.source}: {e}") from None
+    gpus = []
+    for g in catalog.gpus:
+        m = by_name.get(g.name)
+        if m is not None:
+            f = fit(m, g.memory_bandwidth_gbps)
+            eff = replace(g.efficiency, memory=f.memory, step_overhead_ms=f.step_overhead_ms)
+            g = replace(g, efficiency=eff, calibration=f.describe())
+        gpus.append(g)
+    return Catalog(tuple(gpus))
