@@ -77,3 +77,43 @@ def gateways():
     yield make
     for server in made:
         server.stop()
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real redis-server on a free loopback port (Debian: apt-get install redis-server)."""
+    import shutil
+    import subprocess
+
+    from chatfleet.loopback import free_port
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (Debian package redis-server): shared-state tests skipped")
+    pytest.importorskip("redis", reason="redis-py (chatfleet[state]) is not installed")
+    import redis
+
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        for _ in range(500):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if proc.poll() is not None:
+                    pytest.fail(f"redis-server exited with {proc.returncode}")
+                import time
+
+                time.sleep(0.02)
+        else:
+            pytest.fail("redis-server did not answer")
+        yield url
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)

@@ -37,6 +37,9 @@ class ParsedBody:
     stream: bool
     model: str | None
     session: SessionKey  # from the body alone (the session header, if any, wins over it)
+    continues: bool = False  # the chat carries earlier turns (an assistant message): a returning turn
+    prompt_bytes: int = 0  # the prompt's size (messages' or prompt's JSON), for per-key token budgets
+    max_tokens: int | None = None  # what the request asks for at most (None: the server's default)
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,20 @@ def _inspect(path: str, body: bytes) -> ParsedBody | BodyRejected:
     except ValidationError as exc:
         err = to_chatfleet_error(exc)
         return BodyRejected(err.message, err.param)
-    return ParsedBody(stream=bool(request.stream), model=request.model, session=body_session(data))
+    prompt = data.get("messages", data.get("prompt"))
+    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    return ParsedBody(stream=bool(request.stream), model=request.model, session=body_session(data),
+                      continues=carries_earlier_turns(data),
+                      prompt_bytes=len(json.dumps(prompt, ensure_ascii=False)) if prompt is not None else 0,
+                      max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+
+
+def carries_earlier_turns(data: dict[str, object]) -> bool:
+    """A chat whose messages hold an assistant reply continues a conversation: any gateway can
+    tell a returning turn from the request alone, with no state shared."""
+    messages = data.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
 class BodyInspector:

@@ -28,11 +28,11 @@ from chatfleet.errors import ChatfleetError, NoHealthyReplicaError, RateLimitErr
 from chatfleet.gateway.admission import AdmissionController, Outcome, Priority
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.faults import Verdict, classify
+from chatfleet.gateway.fleet_state import Conversations
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.replicas import ReplicaSet
 from chatfleet.gateway.routing import Affinity, RoutingDecision, RoutingPolicy
 from chatfleet.gateway.session import SessionKey
-from chatfleet.gateway.session_tracker import SessionTracker
 from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
 from chatfleet.protocol.sse import DONE, EventFramer
 
@@ -51,7 +51,7 @@ class ProxyContext(Protocol):
     router: RoutingPolicy
     admission: AdmissionController
     metrics: GatewayMetrics
-    sessions_seen: SessionTracker
+    conversations: Conversations  # in progress: this gateway's memory, shared through Redis if set
     sessions: dict[str, aiohttp.ClientSession]  # one upstream client per replica URL
 
 
@@ -66,6 +66,7 @@ class ProxyCall:
     request_id: str
     headers: dict[str, str]  # headers for the upstream request
     arrival: float
+    continues: bool = False  # the body carries earlier turns: returning, whatever any gateway remembers
 
 
 @dataclass
@@ -160,7 +161,7 @@ class ProxyResponse:
 
     async def _run(self, send: Any) -> None:
         gw, call = self.gw, self.call
-        returning = gw.sessions_seen.is_returning(call.session.key)
+        returning = call.continues or await gw.conversations.is_returning(call.session.key)
         priority = Priority.RETURNING if returning else Priority.FIRST
         self.returning = returning
         deadline = call.arrival + gw.config.max_queue_wait_s
@@ -189,7 +190,7 @@ class ProxyResponse:
                     self._shed_message(decision.replica, admission.reason),
                     retry_after_s=admission.retry_after_s))
             gw.metrics.observe_queue_wait(decision.replica, admission.waited_s)
-            gw.sessions_seen.admitted(call.session.key)
+            await gw.conversations.admitted(call.session.key)
             self.attempts += 1
             try:
                 result = await self._attempt(decision.replica)

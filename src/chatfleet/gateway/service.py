@@ -28,6 +28,7 @@ from chatfleet.gateway.admission import AdmissionController
 from chatfleet.gateway.body import ENDPOINTS, BodyInspector, BodyRejected, ParsedBody
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.discovery import DiscoveredReplicas, Discovery, describe, discovery_for
+from chatfleet.gateway.fleet_state import Conversations
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.proxy import ProxyCall, ProxyResponse
 from chatfleet.gateway.replicas import ReplicaSet
@@ -65,6 +66,7 @@ class Gateway:
             on_idle=self._forget_if_drained,
         )
         self.sessions_seen = SessionTracker(config.session_ttl_s, config.max_sessions)
+        self.conversations = Conversations(self.sessions_seen, config.state)
         self.bodies = BodyInspector(config.body_offload_bytes)
         upstream_headers = {}
         if config.upstream_api_key:
@@ -116,6 +118,7 @@ class Gateway:
             await session.close()
         self.sessions.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.conversations.close()
         self.bodies.close()
 
     # -- membership (discovery) --------------------------------------------------------------
@@ -234,7 +237,7 @@ class Gateway:
             path=path, body=body, stream=parsed.stream,
             session=self.session_of(request, parsed),
             request_id=request_id, headers=self.upstream_headers(request, request_id),
-            arrival=arrival,
+            arrival=arrival, continues=parsed.continues,
         )
         return ProxyResponse(self, call)
 
@@ -272,7 +275,8 @@ class Gateway:
                 "queued_new": self.admission.queued_new,
                 "shed_new": sum(r.stats.shed_new for r in self.replicas.replicas.values()),
                 "shed_returning": sum(r.stats.shed_returning for r in self.replicas.replicas.values()),
-                "sessions_in_progress": len(self.sessions_seen),
+                "sessions_in_progress": len(self.sessions_seen), "shared_state": self.conversations.shared,
+                "gateways": self.config.gateways,
                 "routing_policy": self.config.routing_policy,
                 "replicas_from": self.config.replicas_from,
                 "discovered": list(self.discovered.urls) if self.discovered is not None else None}
