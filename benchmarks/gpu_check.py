@@ -11,13 +11,17 @@ What it measures, for bf16 weights + bf16 KV and for FP8 block-scaled weights + 
 batch 1, 8 and 32 with every sequence at a 2,048-token context (random weights built on the
 device; the token values do not matter to the time):
 
-- ``engine``: the model's forward as the engine runs it today (``paged_attention``: decode
-  groups gathered with ``index_select``; FP8 linears dequantized per call);
-- ``kernels``: the same model with its attention and its FP8 linears sent through
-  ``chatfleet.engine.kernels`` (KV store, paged decode / prefill kernels, FP8 block GEMM). The
-  runner does not call the kernels yet: this check swaps those two call sites for its own rows
-  only, and puts them back;
+- ``gather``: the model's forward over ``paged_attention``'s own gathers (decode groups gathered
+  with ``index_select``; FP8 linears dequantized per call): the engine's CPU path;
+- ``engine``: the engine's GPU path, as the runner builds it: block tables once per step and
+  the dispatched kernels (``kernels/step_attention.py``: KV store, paged decode / prefill), with
+  graphs through the runner's own ``DecodeGraphs`` (inputs copied into the captured buffers,
+  replayed); the FP8 linears through the FP8 block GEMM (``FP8Linear`` does not call it yet:
+  this check swaps that one call site for its own rows, and puts it back);
 - each with CUDA graphs off (eager) and on (one graph per batch size, replayed).
+
+The JSON's ``card`` names the catalog entry the device matched (``plan/catalog.py``); committed
+under ``src/chatfleet/plan/calibrations/`` it calibrates that card's step costs for the planner.
 
 The floor of a step is the bytes it must read (every weight but the embedding table, the
 batch's embedding rows, every sequence's KV) over the bandwidth of a device-to-device copy on
@@ -43,17 +47,17 @@ import torch
 from chatfleet.bench.telemetry import TelemetrySampler
 from chatfleet.engine.kernels.attention_params import AttentionParams
 from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
-from chatfleet.engine.kernels.kv_store import store_kv
 from chatfleet.engine.kernels.paged_decode import paged_decode_attention
-from chatfleet.engine.kernels.paged_prefill import paged_prefill_attention
-from chatfleet.engine.models import qwen3 as qwen3_module
+from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, build_attention_metadata
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8, FP8Linear
 from chatfleet.engine.models.fp8_model import use_fp8_linears
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from chatfleet.engine.runner.decode_graphs import DecodeGraphs
 
 BLOCK_SIZE = 16
+PATHS = ("gather", "engine")  # paged_attention's gathers (the CPU's path) | the engine's GPU path
 QWEN3_8B = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                        num_kv_heads=8, head_dim=128, max_position_embeddings=4096)
 TINY = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -88,12 +92,28 @@ class Row:
     kv: str  # bf16 | fp8
     batch: int
     context: int
-    path: str  # engine | kernels
+    path: str  # gather | engine
     graphs: bool
     step_ms: float | None = None
     floor_ms: float | None = None
     ratio: float | None = None
     error: str | None = None
+
+
+def catalog_card(device_name: str) -> str | None:
+    """The catalog GPU whose name or alias the device's name contains (the longest such)."""
+    from chatfleet.plan.catalog import load_catalog
+
+    def norm(x: str) -> str:
+        return "".join(ch for ch in x.lower() if ch.isalnum())
+
+    name, best = norm(device_name), None
+    for g in load_catalog(calibrations=[]).gpus:
+        for key in (g.name, *g.aliases):
+            k = norm(key)
+            if len(k) > 2 and k in name and (best is None or len(k) > best[0]):
+                best = (len(k), g.name)
+    return best[1] if best else None
 
 
 @dataclass
@@ -112,6 +132,7 @@ class Report:
     telemetry: dict[str, object] = field(default_factory=dict)
     summary: dict[str, object] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    card: str | None = None  # the catalog entry this run calibrates (plan/gpu_calibration.py)
 
 
 # ---- timing ---------------------------------------------------------------------------------------
@@ -210,69 +231,21 @@ def allocate_caches(cfg: Qwen3Config, num_blocks: int, kv: str, device: torch.de
     return caches
 
 
-# ---- the kernels path: the two call sites swapped for this check's rows ----------------------------
+# ---- the engine's GPU path ------------------------------------------------------------------------
 
 
-@dataclass
-class KernelTables:
-    """One step's block tables and lengths as the kernels take them (built once per step)."""
-
-    decode_tables: torch.Tensor | None
-    decode_lens: torch.Tensor | None
-    chunk_tables: torch.Tensor | None
-    chunk_starts: torch.Tensor | None
-    chunk_lens: torch.Tensor | None
-    max_chunk: int
-
-
-def kernel_tables(meta: AttentionMetadata, device: torch.device) -> KernelTables:
-    dec_tables = dec_lens = None
-    if meta.num_decodes:
-        rows, lens = [], []
-        width = max(g.max_blocks for g in meta.decode_groups)
-        for g in meta.decode_groups:
-            ids = g.block_ids.view(g.count, g.max_blocks)
-            rows.append(torch.nn.functional.pad(ids, (0, width - g.max_blocks)))
-            lens.append(g.mask.sum(dim=1))
-        dec_tables = torch.cat(rows).to(torch.int32)
-        dec_lens = torch.cat(lens).to(torch.int32)
-    ch_tables = ch_starts = ch_lens = None
-    max_chunk = 0
-    if meta.chunks:
-        width = max(c.block_ids.numel() for c in meta.chunks)
-        ch_tables = torch.stack([torch.nn.functional.pad(c.block_ids, (0, width - c.block_ids.numel()))
-                                 for c in meta.chunks]).to(torch.int32)
-        starts = [0]
-        for c in meta.chunks:
-            starts.append(starts[-1] + c.query_len)
-        ch_starts = torch.tensor(starts, dtype=torch.int32, device=device)
-        ch_lens = torch.tensor([c.context_len for c in meta.chunks], dtype=torch.int32, device=device)
-        max_chunk = max(c.query_len for c in meta.chunks)
-    return KernelTables(dec_tables, dec_lens, ch_tables, ch_starts, ch_lens, max_chunk)
+def engine_meta(block_size: int, decode_lens: list[int], decode_tables: list[list[int]], chunk_starts: list[int],
+                chunk_lens: list[int], chunk_tables: list[list[int]], device: torch.device) -> AttentionMetadata:
+    """The metadata the runner builds on a GPU: block tables once per step, the dispatched kernels
+    per layer (``kernels/step_attention.py``)."""
+    tables = build_step_tables(block_size, decode_lens, decode_tables, chunk_starts, chunk_lens, chunk_tables, device)
+    return kernel_metadata(tables)
 
 
 @contextlib.contextmanager
-def kernels_path(tables: KernelTables) -> Iterator[None]:
-    """Qwen3's attention and the FP8 linears through ``chatfleet.engine.kernels`` (full attention,
-    no window: the 8B shape's layers)."""
-
-    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
-                  scale: float, kernels: str = "torch", write: bool = True) -> torch.Tensor:
-        if write:
-            store_kv(k, v, cache.key, cache.value, meta.slot_mapping, cache.k_scale, cache.v_scale)
-        params = AttentionParams(scale, None, None, cache.k_scale, cache.v_scale)
-        d = meta.num_decodes
-        parts = []
-        if d:
-            assert tables.decode_tables is not None and tables.decode_lens is not None
-            parts.append(paged_decode_attention(q[:d], cache.key, cache.value, tables.decode_tables,
-                                                tables.decode_lens, params))
-        if meta.chunks:
-            assert tables.chunk_tables is not None and tables.chunk_starts is not None
-            assert tables.chunk_lens is not None
-            parts.append(paged_prefill_attention(q[d:], cache.key, cache.value, tables.chunk_tables,
-                                                 tables.chunk_starts, tables.chunk_lens, tables.max_chunk, params))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+def fp8_kernels() -> Iterator[None]:
+    """The FP8 linears through ``fp8_block_linear`` (the engine's FP8Linear does not call it yet:
+    this check swaps that one call site for its own rows, and puts it back)."""
 
     def fp8_forward(self: FP8Linear, x: torch.Tensor) -> torch.Tensor:
         if self.fmt.granularity != "block":
@@ -284,14 +257,11 @@ def kernels_path(tables: KernelTables) -> Iterator[None]:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
-    original_attention = qwen3_module.paged_attention
     original_fp8_forward = FP8Linear.forward
-    qwen3_module.paged_attention = attention  # type: ignore[assignment]
     FP8Linear.forward = fp8_forward  # type: ignore[method-assign]
     try:
         yield
     finally:
-        qwen3_module.paged_attention = original_attention
         FP8Linear.forward = original_fp8_forward  # type: ignore[method-assign]
 
 
@@ -321,9 +291,32 @@ def graphed(step: Callable[[], torch.Tensor], device: torch.device) -> Callable[
     return graph.replay
 
 
-def decode_meta(batch: int, context: int, blocks_per_seq: int, device: torch.device) -> AttentionMetadata:
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+def decode_tables(batch: int, blocks_per_seq: int) -> list[list[int]]:
+    return [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+
+
+def decode_meta(batch: int, context: int, blocks_per_seq: int, device: torch.device, path: str) -> AttentionMetadata:
+    tables = decode_tables(batch, blocks_per_seq)
+    if path == "engine":
+        return engine_meta(BLOCK_SIZE, [context] * batch, tables, [], [], [], device)
     return build_attention_metadata(BLOCK_SIZE, [context] * batch, tables, [], [], [], device)
+
+
+def engine_graphed(model: Qwen3ForCausalLM, caches: list[KVCache], batch: int, context: int, blocks_per_seq: int,
+                   device: torch.device) -> Callable[[], object]:
+    """A decode step as the runner replays it: the step's inputs copied into the captured graph's
+    buffers (``runner/decode_graphs.py``), the graph replayed, logits of the real rows."""
+    graphs = DecodeGraphs(model, list(caches), BLOCK_SIZE, blocks_per_seq, (batch,), device)
+    ids, pos, lens = [1] * batch, [context - 1] * batch, [context] * batch
+    tables = decode_tables(batch, blocks_per_seq)
+
+    def step() -> object:
+        hidden = graphs.run(ids, pos, lens, tables)
+        if hidden is None:
+            raise RuntimeError("the decode graph did not take the step (capture failed: see the log)")
+        return model.compute_logits(hidden)
+
+    return step
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -341,6 +334,7 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     report = Report(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), name, torch.__version__, triton_version,
                     platform.python_version(), dry_run)
+    report.card = catalog_card(name) if device.type == "cuda" else None
     sampler = TelemetrySampler(use_gpu=device.type == "cuda")
     report.telemetry["start"] = asdict(sampler.sample())
     report.bandwidth_gbps = copy_bandwidth_gbps(device, plan.copy_bytes, plan.iters)
@@ -365,11 +359,10 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
             for batch in plan.batches:
                 ids = torch.randint(0, cfg.vocab_size, (batch,), device=device)
                 pos = torch.full((batch,), plan.context - 1, dtype=torch.long, device=device)
-                meta = decode_meta(batch, plan.context, blocks_per_seq, device)
                 floor_ms = bytes_read_per_step(model, cfg, batch, plan.context, kv_bytes) / (
                     report.bandwidth_gbps * 1e9) * 1e3
-                tables = kernel_tables(meta, device)
-                for path in ("engine", "kernels"):
+                for path in PATHS:
+                    meta = decode_meta(batch, plan.context, blocks_per_seq, device, path)
                     for graphs in (False, True):
                         row = Row(weights, kv, batch, plan.context, path, graphs, floor_ms=floor_ms)
                         report.decode.append(row)
@@ -379,11 +372,14 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
                         if graphs and device.type != "cuda":
                             row.error = "skipped: no CUDA device"
                             continue
-                        ctx = kernels_path(tables) if path == "kernels" else contextlib.nullcontext()
+                        ctx = fp8_kernels() if path == "engine" else contextlib.nullcontext()
                         try:
                             with ctx:
-                                step = step_fn(model, ids, pos, meta, caches, logits=True)
-                                fn = graphed(step, device) if graphs else step
+                                if path == "engine" and graphs:
+                                    fn = engine_graphed(model, caches, batch, plan.context, blocks_per_seq, device)
+                                else:
+                                    step = step_fn(model, ids, pos, meta, caches, logits=True)
+                                    fn = graphed(step, device) if graphs else step
                                 row.step_ms = time_ms(fn, device, plan.warmup, plan.iters)
                             row.ratio = row.step_ms / floor_ms
                         except Exception as e:  # one failed row must not cost the others
@@ -391,7 +387,7 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
                             traceback.print_exc(file=sys.stderr)
                 report.telemetry[f"after_{weights}_b{batch}"] = asdict(sampler.sample())
             report.agreement.append(compare_paths(model, cfg, caches, plan, weights, kv, blocks_per_seq, device))
-            for path in ("engine", "kernels"):
+            for path in PATHS:
                 if over_budget(f"prefill {weights} {path}"):
                     continue
                 report.prefill.append(measure_prefill(model, cfg, caches, plan, weights, kv, path, device))
@@ -414,13 +410,14 @@ def compare_paths(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCach
         gen = torch.Generator(device).manual_seed(1)
         ids = torch.randint(0, cfg.vocab_size, (batch,), device=device, generator=gen)
         pos = torch.full((batch,), plan.context - 1, dtype=torch.long, device=device)
-        meta = decode_meta(batch, plan.context, blocks_per_seq, device)
-        engine = step_fn(model, ids, pos, meta, caches, logits=True)()
-        with kernels_path(kernel_tables(meta, device)):
-            kernels = step_fn(model, ids, pos, meta, caches, logits=True)()
-        scale = engine.abs().max().item()
-        out["max_abs_diff_over_max"] = (kernels - engine).abs().max().item() / scale if scale else None
-        out["argmax_agree"] = (kernels.argmax(-1) == engine.argmax(-1)).float().mean().item()
+        gather = step_fn(model, ids, pos, decode_meta(batch, plan.context, blocks_per_seq, device, "gather"),
+                         caches, logits=True)()
+        with fp8_kernels():
+            engine = step_fn(model, ids, pos, decode_meta(batch, plan.context, blocks_per_seq, device, "engine"),
+                             caches, logits=True)()
+        scale = gather.abs().max().item()
+        out["max_abs_diff_over_max"] = (engine - gather).abs().max().item() / scale if scale else None
+        out["argmax_agree"] = (engine.argmax(-1) == gather.argmax(-1)).float().mean().item()
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"[:300]
         traceback.print_exc(file=sys.stderr)
@@ -490,8 +487,9 @@ def measure_prefill(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCa
         ids = torch.randint(0, cfg.vocab_size, (n,), device=device)
         pos = torch.arange(n, device=device)
         nblocks = -(-n // BLOCK_SIZE)
-        meta = build_attention_metadata(BLOCK_SIZE, [], [], [0], [n], [list(range(nblocks))], device)
-        ctx = kernels_path(kernel_tables(meta, device)) if path == "kernels" else contextlib.nullcontext()
+        build = engine_meta if path == "engine" else build_attention_metadata
+        meta = build(BLOCK_SIZE, [], [], [0], [n], [list(range(nblocks))], device)
+        ctx = fp8_kernels() if path == "engine" else contextlib.nullcontext()
         with ctx:
             ms = time_ms(lambda: model.compute_logits(model(ids, pos, meta, caches)[-1:]), device, 1,
                          max(2, plan.iters // 4))
@@ -545,7 +543,7 @@ def table(report: Report) -> str:
         shown = f"{tps:,.0f} tokens/s" if isinstance(tps, float) else str(p.get("error"))
         lines.append(f"prefill {p['weights']}/{p['kv']} {p['path']:<8} {p['tokens']} tokens: {shown}")
     for a in report.agreement:
-        lines.append(f"kernels vs engine {a['weights']}/{a['kv']} batch {a['batch']}: max |diff| / max "
+        lines.append(f"engine vs gather {a['weights']}/{a['kv']} batch {a['batch']}: max |diff| / max "
                      f"{a.get('max_abs_diff_over_max')}, argmax agree {a.get('argmax_agree')} {a.get('error') or ''}")
     best = report.summary.get("best")
     if isinstance(best, dict):
