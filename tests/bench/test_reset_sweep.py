@@ -130,5 +130,7 @@ def test_a_clear_point_decides_at_once(scripted):
     url = scripted("--ttft-ms", "2", "--itl-ms", "1")
     point = run_point_at(url, "itl_p50<=50ms", 2, extend_up_to=3)
     assert point.verdict == "pass" and point.passed and len(point.runs) == 1
-    broken = run_point_at(url, "itl_p50<=0.1ms", 2, extend_up_to=3)
+    # TTFT, not ITL: the scripted 2 ms before the first token is a floor on any machine, while
+    # inter-token gaps may read as 0 where a busy client reads several chunks at once.
+    broken = run_point_at(url, "ttft_p50<=0.1ms", 2, extend_up_to=3)
     assert broken.verdict == "fail" and len(broken.runs) == 1
