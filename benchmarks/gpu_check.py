@@ -16,8 +16,8 @@ device; the token values do not matter to the time):
 - ``engine``: the engine's GPU path, as the runner builds it: block tables once per step and
   the dispatched kernels (``kernels/step_attention.py``: KV store, paged decode / prefill), with
   graphs through the runner's own ``DecodeGraphs`` (inputs copied into the captured buffers,
-  replayed); the FP8 linears through the FP8 block GEMM (``FP8Linear`` does not call it yet:
-  this check swaps that one call site for its own rows, and puts it back);
+  replayed); the FP8 linears through the FP8 block GEMM (``use_block_gemm``, as the runner sets
+  them);
 - each with CUDA graphs off (eager) and on (one graph per batch size, replayed).
 
 The JSON's ``card`` names the catalog entry the device matched (``plan/catalog.py``); committed
@@ -51,8 +51,8 @@ from chatfleet.engine.kernels.paged_decode import paged_decode_attention
 from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, build_attention_metadata
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
-from chatfleet.engine.models.fp8_linear import FP8, FP8Linear
-from chatfleet.engine.models.fp8_model import use_fp8_linears
+from chatfleet.engine.models.fp8_linear import FP8
+from chatfleet.engine.models.fp8_model import use_block_gemm, use_fp8_linears
 from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from chatfleet.engine.runner.decode_graphs import DecodeGraphs
 
@@ -243,26 +243,14 @@ def engine_meta(block_size: int, decode_lens: list[int], decode_tables: list[lis
 
 
 @contextlib.contextmanager
-def fp8_kernels() -> Iterator[None]:
-    """The FP8 linears through ``fp8_block_linear`` (the engine's FP8Linear does not call it yet:
-    this check swaps that one call site for its own rows, and puts it back)."""
-
-    def fp8_forward(self: FP8Linear, x: torch.Tensor) -> torch.Tensor:
-        if self.fmt.granularity != "block":
-            return original_fp8_forward(self, x)
-        x2 = x.reshape(-1, self.in_features)
-        outs = [fp8_block_linear(x2, *self.part(i), self.fmt.block) for i in range(len(self.part_sizes))]
-        y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
-
-    original_fp8_forward = FP8Linear.forward
-    FP8Linear.forward = fp8_forward  # type: ignore[method-assign]
+def fp8_kernels(model: Qwen3ForCausalLM) -> Iterator[None]:
+    """The FP8 linears through ``fp8_block_linear``, as the runner sets them on its GPU path
+    (``use_block_gemm``), for one row; dequantized again after it."""
+    use_block_gemm(model, fp8_block_linear)
     try:
         yield
     finally:
-        FP8Linear.forward = original_fp8_forward  # type: ignore[method-assign]
+        use_block_gemm(model, None)
 
 
 # ---- one step, eager or replayed from a CUDA graph --------------------------------------------------
@@ -372,7 +360,7 @@ def run(plan: Plan, device: torch.device, dry_run: bool) -> Report:
                         if graphs and device.type != "cuda":
                             row.error = "skipped: no CUDA device"
                             continue
-                        ctx = fp8_kernels() if path == "engine" else contextlib.nullcontext()
+                        ctx = fp8_kernels(model) if path == "engine" else contextlib.nullcontext()
                         try:
                             with ctx:
                                 if path == "engine" and graphs:
@@ -412,7 +400,7 @@ def compare_paths(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCach
         pos = torch.full((batch,), plan.context - 1, dtype=torch.long, device=device)
         gather = step_fn(model, ids, pos, decode_meta(batch, plan.context, blocks_per_seq, device, "gather"),
                          caches, logits=True)()
-        with fp8_kernels():
+        with fp8_kernels(model):
             engine = step_fn(model, ids, pos, decode_meta(batch, plan.context, blocks_per_seq, device, "engine"),
                              caches, logits=True)()
         scale = gather.abs().max().item()
@@ -489,7 +477,7 @@ def measure_prefill(model: Qwen3ForCausalLM, cfg: Qwen3Config, caches: list[KVCa
         nblocks = -(-n // BLOCK_SIZE)
         build = engine_meta if path == "engine" else build_attention_metadata
         meta = build(BLOCK_SIZE, [], [], [0], [n], [list(range(nblocks))], device)
-        ctx = fp8_kernels() if path == "engine" else contextlib.nullcontext()
+        ctx = fp8_kernels(model) if path == "engine" else contextlib.nullcontext()
         with ctx:
             ms = time_ms(lambda: model.compute_logits(model(ids, pos, meta, caches)[-1:]), device, 1,
                          max(2, plan.iters // 4))

@@ -10,7 +10,10 @@ scales: their row counts need not be multiples of the block) and computes ``x W^
 dequantizing its parts into one shared workspace in the activation dtype and calling
 ``F.linear``: only one layer's weight is ever dequantized at a time. On CUDA, parts with
 per-tensor or per-channel scales and shapes divisible by 16 use ``torch._scaled_mm`` with the
-activations quantized per token; anything else, or a failure there, dequantizes.
+activations quantized per token; anything else, or a failure there, dequantizes. A layer given
+a ``block_gemm`` (``use_block_gemm``; the runner gives ``kernels.fp8_gemm.fp8_block_linear`` on a
+GPU) sends block-scaled parts through it instead: the weight is read as stored, never
+dequantized. The models never import the kernels; the runner hands them in.
 
 MoE experts stored as one ``[E, out, in]`` e4m3 tensor with scales ``[E, ...]`` use the same
 functions one expert at a time: ``quantize_weight(w[e], fmt)`` / ``dequantize_weight(q[e],
@@ -20,6 +23,7 @@ s[e], fmt, dtype, out=workspace_slice)`` (``engine/sizing/memory.py`` prices the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +36,9 @@ from chatfleet.engine.models.workspace import Workspace
 
 FP8 = torch.float8_e4m3fn
 log = logging.getLogger(__name__)
+
+# x [M, K], an e4m3 weight [N, K], its block scales, the block -> x W^T [M, N]
+BlockGemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, int]], torch.Tensor]
 
 
 def _scale_tiles(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int], op: str) -> torch.Tensor:
@@ -132,6 +139,7 @@ class FP8Linear(nn.Module):
         # Where the dequantized weight goes: share one per model (its layers run one at a time);
         # None: a fresh tensor per call.
         self.workspace = workspace
+        self.block_gemm: BlockGemm | None = None  # set: block-scaled parts go through it
 
     def part(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return getattr(self, f"weight_{i}"), getattr(self, f"scale_{i}")
@@ -170,6 +178,8 @@ class FP8Linear(nn.Module):
         return self._folded[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block_gemm is not None and self.fmt.granularity == "block":
+            return self._block_gemm(x, self.block_gemm)
         if x.is_cuda and self._scaled_mm_ok and self.fmt.granularity != "block":
             try:
                 return self._scaled_mm(x)
@@ -177,6 +187,14 @@ class FP8Linear(nn.Module):
                 log.info("torch._scaled_mm unavailable (%s); FP8 linears dequantize instead", e)
                 self._scaled_mm_ok = False
         return F.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def _block_gemm(self, x: torch.Tensor, gemm: BlockGemm) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        outs = [gemm(x2, *self.part(i), self.fmt.block) for i in range(len(self.part_sizes))]
+        y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _scaled_mm(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)

@@ -15,7 +15,7 @@ from torch import nn
 
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
-from chatfleet.engine.models.fp8_linear import FP8Linear
+from chatfleet.engine.models.fp8_linear import BlockGemm, FP8Linear
 from chatfleet.engine.models.linear import Linear
 from chatfleet.engine.models.qwen3 import Qwen3ForCausalLM
 from chatfleet.engine.models.workspace import Workspace
@@ -65,3 +65,13 @@ def use_fp8_embedding(model: Qwen3ForCausalLM, dtype: torch.dtype) -> None:
     model.embed_tokens = FP8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
     if model.lm_head is not None:
         model.lm_head = FP8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+
+
+def use_block_gemm(model: nn.Module, gemm: BlockGemm | None) -> int:
+    """Send every block-scaled FP8 linear of ``model`` through ``gemm`` (None: dequantize again);
+    returns how many layers take it."""
+    layers = [m for m in model.modules() if isinstance(m, FP8Linear) and m.fmt.granularity == "block"]
+    for m in layers:
+        m.block_gemm = gemm
+    return len(layers)
+

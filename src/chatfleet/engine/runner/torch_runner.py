@@ -8,13 +8,16 @@ import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from chatfleet.engine.kernels.backend import BACKENDS as KERNEL_DISPATCH
+from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
 from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
 from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
+from chatfleet.engine.models.fp8_model import use_block_gemm
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
@@ -151,6 +154,10 @@ class TorchRunner:
         if kernel_backend not in KERNEL_DISPATCH:
             raise ValueError(f"unknown kernel backend {kernel_backend!r}; valid: {', '.join(KERNEL_DISPATCH)}")
         self.kernel_backend = kernel_backend
+        # The kernels path takes the FP8 linears through the block GEMM too (set either way: a
+        # model shared by runners follows the latest one's path).
+        use_block_gemm(self.model, partial(fp8_block_linear, backend=kernel_backend)
+                       if self.attention == "kernels" else None)
         self.graphs: DecodeGraphs | None = None
         if (self.device.type == "cuda" and not enforce_eager and self.attention == "kernels"
                 and self.kv_spec.is_uniform):
