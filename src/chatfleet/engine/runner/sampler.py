@@ -134,6 +134,16 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
+def _allows_other_than(bits: np.ndarray, token_ids: set[int]) -> bool:
+    """Whether a bitmask row (int32 words) allows some token outside ``token_ids``."""
+    allowed = int(np.bitwise_count(bits.view(np.uint32)).sum())
+    for t in token_ids:
+        w = t // 32
+        if w < len(bits) and (int(bits[w]) >> (t % 32)) & 1:
+            allowed -= 1
+    return allowed > 0
+
+
 def apply_token_bitmask(logits: torch.Tensor, rows: Sequence[int], bits: np.ndarray) -> None:
     """Mask (to -inf, in place) the tokens each of ``rows`` may not sample: row ``rows[i]``
     keeps token t where bit t % 32 of ``bits[i, t // 32]`` is set (structured output). Tokens past
@@ -194,10 +204,15 @@ class Sampler:
         if token_bitmask is not None:
             apply_token_bitmask(logits, *token_bitmask)
 
+        # A grammar that allows only its end (EOS) wins over min_tokens / ignore_eos: else no token is left.
+        grammar_bits = dict(zip(token_bitmask[0], token_bitmask[1], strict=True)) if token_bitmask else {}
         mask_rows: list[int] = []
         mask_cols: list[int] = []
         for i, r in enumerate(rows):
-            for t in self._masked_ids(r):
+            masked = self._masked_ids(r)
+            if masked and i in grammar_bits and not _allows_other_than(grammar_bits[i], masked):
+                continue
+            for t in masked:
                 if t < vocab:
                     mask_rows.append(i)
                     mask_cols.append(t)

@@ -10,6 +10,7 @@ sampler picked; ``remove`` drops finished requests. A token the grammar refuses 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 
 import llguidance
@@ -22,11 +23,17 @@ from chatfleet.engine.structured.spec import GrammarSpec
 log = logging.getLogger(__name__)
 
 
+def default_mask_threads() -> int:
+    """Threads that fill a step's masks: half the cores, at most 8 (the rest run the model; on a
+    2-core machine more threads than one only take time from the forward pass)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 class StructuredOutputs:
     def __init__(self, compiler: GrammarCompiler, threads: int | None = None) -> None:
         self.compiler = compiler
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        self._threads = threads
+        self._threads = threads or default_mask_threads()
         self._executor: llguidance.LLExecutor | None = None  # made on first use (it starts threads)
 
     def __len__(self) -> int:
