@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Protocol
 
 from common import BENCH_DIR
 
@@ -30,11 +31,16 @@ class LaunchSpec:
     request_model: str
 
 
+class Launcher(Protocol):
+    def __call__(self, model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+                 dtype: str = "float32") -> LaunchSpec: ...
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
     label: str
-    launch: Callable[[Path, int, int, int, int], LaunchSpec]  # (dir, port, threads, kv_bytes, max_len)
+    launch: Launcher  # (dir, port, threads, kv_bytes, max_len, dtype="float32"): every server pins the dtype
     force_length: Callable[[int], dict[str, Any]]  # extra body fields forcing n output tokens
     can_reset_prefix_cache: bool
     installed: Callable[[], bool]
@@ -54,36 +60,40 @@ def _thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t}
 
 
-def _ours(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+def _ours(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+          dtype: str = "float32") -> LaunchSpec:
     argv = [
         sys.executable, "-m", "chatfleet.cli.main", "engine",
         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--threads", str(threads),
+        "--dtype", dtype, "--threads", str(threads),
         "--kv-cache-memory", str(kv_bytes), "--max-model-len", str(max_len),
         "--served-model-name", SERVED_NAME, "--log-level", "warning", "--enable-admin-api",
     ]
     return LaunchSpec(argv, _thread_env(threads), SERVED_NAME)
 
 
-def _ours_torch(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
-    spec = _ours(model_dir, port, threads, kv_bytes, max_len)
+def _ours_torch(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+                dtype: str = "float32") -> LaunchSpec:
+    spec = _ours(model_dir, port, threads, kv_bytes, max_len, dtype)
     return LaunchSpec([*spec.argv, "--kernels", "torch"], spec.env, spec.request_model)
 
 
 BASE_SRC_ENV = "CHATFLEET_BASE_SRC"  # another checkout's src/ for `ours_base` (e.g. a git worktree of main)
 
 
-def _ours_base(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+def _ours_base(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+               dtype: str = "float32") -> LaunchSpec:
     """Ours as another checkout has it (same flags, same venv): a change's before/after in one run."""
-    spec = _ours(model_dir, port, threads, kv_bytes, max_len)
+    spec = _ours(model_dir, port, threads, kv_bytes, max_len, dtype)
     return LaunchSpec(spec.argv, {**spec.env, "PYTHONPATH": os.environ[BASE_SRC_ENV]}, spec.request_model)
 
 
-def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+          dtype: str = "float32") -> LaunchSpec:
     argv = [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--served-model-name", SERVED_NAME, "--max-model-len", str(max_len),
+        "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", str(max_len),
         # Exact bytes; VLLM_CPU_KVCACHE_SPACE is the same setting in whole GiB.
         "--kv-cache-memory-bytes", str(kv_bytes),
         "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning",
@@ -100,12 +110,14 @@ def _vllm(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int)
     return LaunchSpec(argv, env, SERVED_NAME)
 
 
-def _hf(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int) -> LaunchSpec:
+def _hf(model_dir: Path, port: int, threads: int, kv_bytes: int, max_len: int,
+        dtype: str = "float32") -> LaunchSpec:
     block = 16
-    num_blocks = max(1, kv_bytes // (kv_bytes_per_token(model_dir) * block))
+    num_blocks = max(1, kv_bytes // (kv_bytes_per_token(model_dir, 2 if dtype in ("bfloat16", "float16") else 4)
+                                     * block))
     argv = [
         str(HF_TRANSFORMERS), "serve", str(model_dir), "--continuous-batching",
-        "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+        "--device", "cpu", "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
         "--cb-block-size", str(block), "--cb-num-blocks", str(num_blocks),
         # The per-step token budget ours and vLLM's CPU server use by default.
         "--cb-max-batch-tokens", "2048", "--log-level", "warning",

@@ -1,14 +1,16 @@
-"""Engine throughput: chatfleet vs vLLM's CPU build vs `transformers serve`, side by side.
+"""Engine throughput: chatfleet vs vLLM's CPU build vs `transformers serve`, side by side, per dtype.
 
 One run, one model, one machine, one KV budget, servers started one at a time with the same
-number of compute threads. For each server:
+number of compute threads and the same `--dtype` (float32, and bfloat16 where the CPU has it
+natively: AVX512_BF16 or AMX). For each dtype and server:
   * output tokens/s and TTFT p50/p99 with 1, 8 and 32 concurrent streaming chat requests
     (closed loop; ~500-token prompts, distinct per request; 64 output tokens, forced);
   * TTFT of a ~2,000-token prompt cold (prefix cache reset first) vs fully prefix-cached.
-Prints a table with ratios (ours/vLLM, ours/transformers) and writes JSON to benchmarks/results/.
+Prints one table per dtype with ratios (ours/vLLM, ours/transformers) and the targets, and writes
+JSON to benchmarks/results/ with the machine (CPU model, the flags that matter, threads, load).
 
   python benchmarks/engine_throughput.py                       # everything
-  python benchmarks/engine_throughput.py --only ours,vllm --quick
+  python benchmarks/engine_throughput.py --only ours,vllm --quick --dtypes float32,bfloat16
 Baselines need `bash benchmarks/setup_baselines.sh` first.
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -30,10 +31,22 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backends import Backend, select_backends  # noqa: E402
 from common import (  # noqa: E402
-    BENCH_DIR, REPO, RESULTS_DIR, PromptFactory, ServerProcess, StreamResult, free_port,
-    load_average, percentile, post_json, stream_chat,
+    BENCH_DIR,
+    REPO,
+    RESULTS_DIR,
+    PromptFactory,
+    ServerProcess,
+    StreamResult,
+    free_port,
+    load_average,
+    percentile,
+    post_json,
+    stream_chat,
 )
+from machine import default_dtypes, describe_machine, one_line  # noqa: E402
 from report_table import merge_rounds, print_report  # noqa: E402
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class PhaseResult:
@@ -167,22 +180,22 @@ async def measure(backend: Backend, base_url: str, model: str, args, prompts: Pr
     return {"phases": phases, "prefix": prefix}
 
 
-def run_backend(backend: Backend, model_dir: Path, args, run_id: str) -> dict:
+def run_backend(backend: Backend, model_dir: Path, args, run_id: str, dtype: str) -> dict:
     if not backend.installed():
         print(f"skip {backend.name}: not installed ({backend.install_hint})", flush=True)
         return {"skipped": f"not installed; run {backend.install_hint}"}
     port = free_port()
     kv_bytes = int(args.kv_cache_gib * (1 << 30))
-    spec = backend.launch(model_dir, port, args.threads, kv_bytes, args.max_model_len)
-    log = RESULTS_DIR / "logs" / f"{run_id}-{backend.name}.log"
+    spec = backend.launch(model_dir, port, args.threads, kv_bytes, args.max_model_len, dtype)
+    log = RESULTS_DIR / "logs" / f"{run_id}-{dtype}-{backend.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     server = ServerProcess(backend.name, spec.argv, port, spec.env, log)
-    entry: dict = {"label": backend.label, "argv": spec.argv, "env": spec.env, "log": str(log),
+    entry: dict = {"label": backend.label, "dtype": dtype, "argv": spec.argv, "env": spec.env, "log": str(log),
                    "load_average_at_start": load_average()}
     if backend.name.startswith("ours"):  # other sessions may commit while a long run goes on
         entry["chatfleet_commit"] = _git("rev-parse", "--short", "HEAD")
         entry["chatfleet_src_dirty"] = bool(_git("status", "--porcelain", "src"))
-    print(f"{backend.label}: starting (load {entry['load_average_at_start']})", flush=True)
+    print(f"{backend.label} {dtype}: starting (load {entry['load_average_at_start']})", flush=True)
     with server:
         entry["startup_s"] = round(server.wait_healthy(timeout_s=args.startup_timeout), 1)
         # Same prompts for every backend: the factory restarts from the same seed.
@@ -217,6 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", help="comma list of backends: ours,vllm,hf (default: all)")
     p.add_argument("--model", default="small", help="'tiny', 'small' or a local HF folder")
+    p.add_argument("--dtypes", help="comma list, each pinned for every server "
+                                    "(default: float32, plus bfloat16 where the CPU has it natively)")
     p.add_argument("--threads", type=int, default=1, help="compute threads for every server")
     p.add_argument("--kv-cache-gib", type=float, default=0.25, help="KV pool for every server, GiB")
     p.add_argument("--max-model-len", type=int, default=4096, help="context length for every server")
@@ -236,9 +251,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/engine_throughput-*.json)")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else default_dtypes()
+    bad = [d for d in args.dtypes if d not in DTYPES]
+    if bad or not args.dtypes:
+        p.error(f"--dtypes: unknown {bad}; valid: {', '.join(DTYPES)}")
     if args.quick:
         args.requests_per_stream, args.min_requests, args.cached_trials = 1, 4, 1
-    if args.rounds < 1 or args.threads < 1 or args.kv_cache_gib <= 0 or not args.concurrency or min(args.concurrency) < 1:
+    if (args.rounds < 1 or args.threads < 1 or args.kv_cache_gib <= 0 or not args.concurrency
+            or min(args.concurrency) < 1):
         p.error("--rounds, --threads, --kv-cache-gib and every --concurrency value must be positive")
     return args
 
@@ -250,43 +270,45 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(resolve_model(args.model))
     run_id = time.strftime("%Y%m%d-%H%M%S")
+    machine = describe_machine(threads_used=args.threads)
+    if "bfloat16" in args.dtypes and not machine["native_bf16"]:
+        print("note: this CPU has no native bfloat16 (no AVX512_BF16 or AMX); bf16 is emulated here", flush=True)
     result = {
         "benchmark": "engine_throughput",
         "run_id": run_id,
         "model": args.model,
         "model_dir": str(model_dir),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_name()},
+        "machine": machine,
         "load_average_at_start": load_average(),
         "versions": _versions(),
-        "backends": {},
+        "dtypes": {},
     }
-    rounds: dict[str, list[dict]] = {b.name: [] for b in backends}
+    print(f"machine: {one_line(machine)}; dtypes {', '.join(args.dtypes)}", flush=True)
+    rounds: dict[str, dict[str, list[dict]]] = {d: {b.name: [] for b in backends} for d in args.dtypes}
     for r in range(args.rounds):  # servers take turns, so load on a shared machine hits all alike
-        for b in backends:
-            try:
-                rounds[b.name].append(run_backend(b, model_dir, args, f"{run_id}-r{r}"))
-            except Exception as exc:  # one failing server must not lose the others' numbers
-                print(f"{b.name} failed: {exc!r}", flush=True)
-                rounds[b.name].append({"label": b.label, "error": repr(exc)})
-    result["backends"] = {name: merge_rounds(entries) for name, entries in rounds.items()}
+        for dtype in args.dtypes:
+            for b in backends:
+                try:
+                    rounds[dtype][b.name].append(run_backend(b, model_dir, args, f"{run_id}-r{r}", dtype))
+                except Exception as exc:  # one failing server must not lose the others' numbers
+                    print(f"{b.name} {dtype} failed: {exc!r}", flush=True)
+                    rounds[dtype][b.name].append({"label": b.label, "dtype": dtype, "error": repr(exc)})
     result["load_average_at_end"] = load_average()
-    result["summary"] = print_report(result)
+    result["machine"]["load_average_at_end"] = result["load_average_at_end"]
+    for dtype in args.dtypes:
+        per_dtype = {
+            "model": args.model, "dtype": dtype, "settings": result["settings"], "machine": machine,
+            "load_average_at_start": result["load_average_at_start"],
+            "backends": {name: merge_rounds(entries) for name, entries in rounds[dtype].items()},
+        }
+        per_dtype["summary"] = print_report(per_dtype)
+        result["dtypes"][dtype] = {k: per_dtype[k] for k in ("backends", "summary")}
     out = args.out or RESULTS_DIR / f"engine_throughput-{run_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":
