@@ -217,9 +217,9 @@ def calibrated(catalog: Catalog, calibrations: Sequence[Path]) -> Catalog:
             raise ConfigError(f"calibration {m.source}: {e}") from None
     gpus = []
     for g in catalog.gpus:
-        m = by_name.get(g.name)
-        if m is not None:
-            f = fit(m, g.memory_bandwidth_gbps)
+        run = by_name.get(g.name)
+        if run is not None:
+            f = fit(run, g.memory_bandwidth_gbps)
             eff = replace(g.efficiency, memory=f.memory, step_overhead_ms=f.step_overhead_ms)
             g = replace(g, efficiency=eff, calibration=f.describe())
         gpus.append(g)

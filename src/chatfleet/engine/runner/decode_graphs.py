@@ -82,7 +82,7 @@ class DecodeGraphs:
         self.lens = torch.ones(top, dtype=torch.int32, device=device)
         self.slots = torch.full((top,), -1, dtype=torch.long, device=device)
         self._graphs: dict[int, _Graph] = {}
-        self._pool: object | None = None
+        self._pool = None  # the graphs' shared memory pool (after the first capture)
         self.replays = 0
 
     @property
@@ -110,7 +110,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.forward(ids, pos, meta, self.kv_caches)
-        self._pool = graph.pool()
+        self._pool = graph.pool()  # type: ignore[assignment]
         return _Graph(graph, output)
 
     def run(self, input_ids: Sequence[int], positions: Sequence[int], context_lens: Sequence[int],

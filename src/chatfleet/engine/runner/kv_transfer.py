@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 
@@ -58,13 +59,13 @@ class HostKVTransfer:
         for t in sorted(transfers, key=lambda t: t.direction != TransferDirection.STORE):
             start = time.perf_counter()
             if t.direction == TransferDirection.STORE:
-                event = self.copies.submit(lambda t=t: self._store(t))
+                event = self.copies.submit(partial(self._store, t))
                 if not event.done():
                     self._stores_in_flight.update(dict.fromkeys(t.device_block_ids, event))
                 stored += t.num_blocks
                 t_store += time.perf_counter() - start
             else:
-                self.copies.wait(self.copies.submit(lambda t=t: self._load(t)))  # the step reads it
+                self.copies.wait(self.copies.submit(partial(self._load, t)))  # the step reads it
                 loaded += t.num_blocks
                 t_load += time.perf_counter() - start
         return TransferStats(stored, loaded, stored * self.bytes_per_block, loaded * self.bytes_per_block,
