@@ -1,10 +1,15 @@
-"""TorchRunner alone: prefill tokens/s and decode step time by batch size (no scheduler, no HTTP).
+"""TorchRunner alone: prefill tokens/s and decode step time by batch size (no scheduler, no HTTP),
+each decode step against the machine's floor, measured here (cpu_floor.py).
 
     python benchmarks/runner_step.py --model small --batch 1 8 32 --context 500 --threads 2
     python benchmarks/runner_step.py --dtype bfloat16 --kv-cache-dtype fp8 --quantization fp8
 
-Prints a table and writes JSON to benchmarks/results/. CPU time (process) is printed next to
-wall time: on a shared machine it shows the runner's own cost.
+The floor: matmul peak for the dtype (a large GEMM's FLOP/s, same threads) and copy bandwidth
+(at the step's working-set size); a step's floor is max(bytes read / bandwidth, FLOPs / peak), and
+the table shows the measured step as a multiple of it (issue 20's target: within 2x at batch 32).
+Prints a table and writes JSON (with the machine: CPU model, flags, threads, load) to
+benchmarks/results/. CPU time (process) is printed next to wall time: on a shared machine it
+shows the runner's own cost. `--no-floor` skips the floor measurement.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +32,10 @@ from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.models.tiny import resolve_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_floor import against_floor, decode_work, measure_floor  # noqa: E402
+from machine import describe_machine, one_line  # noqa: E402
 
 BLOCK = 16
 
@@ -74,6 +84,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--no-floor", action="store_true", help="skip measuring the machine's floor")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,22 +94,48 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
     rows = [measure(runner, b, args.context, args.steps, params, loaded.config.vocab_size) for b in args.batch]
+    floor = None
+    if not args.no_floor:
+        kv_per_token = sum(2 * c.key.shape[0] * c.key.shape[3] * c.key.element_size()
+                           for c in runner.kv_caches if c is not None)
+        weight_bytes = 1.0 if args.quantization == "fp8" else torch.empty((), dtype=loaded.dtype).element_size()
+        mid = args.context + args.steps // 2  # the context at the median step
+        works = {b: decode_work(loaded.config, b, mid, weight_bytes, kv_per_token) for b in args.batch}
+        floor = measure_floor(loaded.dtype, max(w.bytes_read for w in works.values()))
+        for r in rows:
+            r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor)
 
-    precision = f"{args.dtype}, KV {args.kv_cache_dtype}" + (f", {args.quantization} weights" if args.quantization else "")
+    precision = f"{args.dtype}, KV {args.kv_cache_dtype}"
+    if args.quantization:
+        precision += f", {args.quantization} weights"
+    machine = describe_machine(threads_used=torch.get_num_threads())
     table = Table(title=f"TorchRunner, {args.model} {precision}, {torch.get_num_threads()} threads, "
-                        f"load {os.getloadavg()[0]:.1f}")
-    for col in ("batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"):
+                        f"{one_line(machine)}")
+    cols = ["batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"]
+    if floor is not None:
+        cols += ["floor ms (bytes / flops)", "bound", "step / floor"]
+    for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch"]), f"{r['prefill_tok_s_wall']:.0f}",
-                      f"{r['decode_step_ms_wall']:.1f} / {r['decode_step_ms_cpu']:.1f}",
-                      f"{r['decode_tok_s_wall']:.0f}")
-    Console().print(table)
+        cells = [str(r["batch"]), f"{r['prefill_tok_s_wall']:.0f}",
+                 f"{r['decode_step_ms_wall']:.1f} / {r['decode_step_ms_cpu']:.1f}", f"{r['decode_tok_s_wall']:.0f}"]
+        if floor is not None:
+            f = r["floor"]
+            cells += [f"{f['floor_ms']:.2f} ({f['bytes_bound_ms']:.2f} / {f['flops_bound_ms']:.2f})",
+                      f["bound_by"], f"{f['step_over_floor']:.1f}x"]
+        table.add_row(*cells)
+    Console(width=160).print(table)
+    if floor is not None:
+        print(f"floor ({floor.dtype}, {floor.threads} threads): matmul {floor.matmul_flops_per_s / 1e9:.1f} GFLOP/s "
+              f"(GEMM {floor.gemm_size}^3), copy {floor.copy_bytes_per_s / 1e9:.1f} GB/s at "
+              f"{floor.copy_working_set_bytes / 2**20:.0f} MiB, {floor.dram_copy_bytes_per_s / 1e9:.1f} GB/s at 1 GiB")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"runner_step-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
-                                "loadavg": os.getloadavg(), "rows": rows}, indent=2))
+    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    path.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "machine": machine,
+                                "loadavg": os.getloadavg(), "floor": floor.as_dict() if floor else None,
+                                "rows": rows}, indent=2))
     print(f"wrote {path}")
 
 
