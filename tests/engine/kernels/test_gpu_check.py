@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py's dry run: the driver's every row runs (CPU, tiny shape), writes its
-JSON, and the kernels path gives the engine path's logits (through the references on CPU)."""
+JSON, and the engine's GPU path gives the gather path's logits (through the references on CPU)."""
 
 import importlib.util
 import json
@@ -28,7 +28,7 @@ def test_dry_run_measures_every_row(tmp_path, capsys):
     out = tmp_path / "gpu_check.json"
     assert driver.main(["--dry-run", "--device", "cpu", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert qwen3.paged_attention is attention and FP8Linear.forward is fp8_forward  # call sites restored
+    assert qwen3.paged_attention is attention and FP8Linear.forward is fp8_forward  # nothing swapped
     plan = driver.Plan.dry()
     assert len(report["decode"]) == 2 * len(plan.batches) * 4 and report["bandwidth_gbps"] > 0
     for row in report["decode"]:
@@ -37,13 +37,23 @@ def test_dry_run_measures_every_row(tmp_path, capsys):
             assert row["error"] == "skipped: no CUDA device"
         else:
             assert row["error"] is None and row["step_ms"] > 0 and row["ratio"] > 0
-    assert [p["path"] for p in report["prefill"]] == ["engine", "kernels"] * 2
+    assert [p["path"] for p in report["prefill"]] == ["gather", "engine"] * 2
+    assert {r["path"] for r in report["decode"]} == {"gather", "engine"} and report["card"] is None
     assert all(p["tokens_per_s"] > 0 for p in report["prefill"])
     for a in report["agreement"]:
         assert "error" not in a and a["max_abs_diff_over_max"] < 1e-2 and a["argmax_agree"] == 1.0
     assert len(report["micro"]) == 8 + 4
     assert all("error" not in m and m["dispatch_us"] > 0 and m["floor_us"] > 0 for m in report["micro"])
     assert "x floor" in capsys.readouterr().out
+
+
+def test_the_card_is_named_as_the_catalog_names_it():
+    driver = load_driver()
+    assert driver.catalog_card("NVIDIA H200") == "H200"
+    assert driver.catalog_card("NVIDIA H100 80GB HBM3") == "H100"
+    assert driver.catalog_card("NVIDIA GeForce RTX 5090") == "RTX-5090"
+    assert driver.catalog_card("NVIDIA A100-SXM4-80GB") in ("A100-80GB", "A100-40GB")
+    assert driver.catalog_card("Some Accelerator 9000") is None
 
 
 def test_floor_counts_weights_and_kv():
