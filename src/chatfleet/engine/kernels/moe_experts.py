@@ -5,17 +5,27 @@
 ``moe.Experts`` computes it: the ``T * k`` (token, expert) pairs sorted by expert (stable),
 each expert's rows through ``down(gelu_tanh(gate) * up)``, the rows weighted and summed back
 per token. Both products are one ``grouped_gemm`` launch each; ``backend`` is passed to them.
+
+``use_grouped_experts(model, backend)`` puts every MoE block of a loaded model on this path (the
+runner's GPU path): each block's expert weights are stacked once (``stack_experts``) and each
+expert's own ``Linear`` / ``FP8Linear`` weight becomes a view of its row of the stack, so the
+model holds one copy; the block then calls ``expert_mlp`` (``moe.Experts.grouped``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from chatfleet.engine.kernels.grouped_gemm import grouped_gemm
-from chatfleet.engine.models.moe import RouterChoice
+from chatfleet.engine.models.fp8_linear import FP8Linear
+from chatfleet.engine.models.linear import Linear
+from chatfleet.engine.models.moe import Experts, GatedMLP, RouterChoice
 
 
 @dataclass(frozen=True)
@@ -52,3 +62,52 @@ def expert_mlp(x: torch.Tensor, choice: RouterChoice, experts: StackedExperts, b
     out = grouped_gemm(act, offsets, experts.down, experts.down_scale, experts.block, backend)
     weighted = (out * choice.weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token_of, weighted)
+
+
+def _stack(projections: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int] | None] | None:
+    """One projection of every expert as a stack (weights, block scales, block), each expert's
+    tensors rebound to views of it; None where the layers cannot be stacked (oneDNN-packed,
+    several FP8 parts, per-tensor/channel scales, mixed kinds)."""
+    plain = [p.weight for p in projections if isinstance(p, Linear) and p.weight is not None]
+    if len(plain) == len(projections):
+        weights = torch.stack([w.detach() for w in plain])
+        for w, row in zip(plain, weights, strict=True):
+            w.data = row
+        return weights, None, None
+    fp8 = [p for p in projections if isinstance(p, FP8Linear) and len(p.part_sizes) == 1
+           and p.fmt.granularity == "block"]
+    if len(fp8) == len(projections):
+        weights = torch.stack([p.part(0)[0] for p in fp8])
+        scales = torch.stack([p.part(0)[1] for p in fp8])
+        for p, w, sc in zip(fp8, weights, scales, strict=True):
+            p.weight_0, p.scale_0 = w, sc  # registered buffers, now views of the stacks
+        return weights, scales, fp8[0].fmt.block
+    return None
+
+
+def stack_experts(experts: Experts) -> StackedExperts | None:
+    """``experts``' projections stacked (see ``_stack``), or None where they cannot be."""
+    mlps = [cast(GatedMLP, m) for m in experts.experts]
+    gate_up = _stack([m.gate_up_proj for m in mlps])
+    down = _stack([m.down_proj for m in mlps]) if gate_up is not None else None
+    if gate_up is None or down is None or gate_up[2] != down[2]:
+        return None
+    return StackedExperts(gate_up[0], down[0], gate_up[1], down[1], gate_up[2])
+
+
+def use_grouped_experts(model: nn.Module, backend: str | None) -> int:
+    """Every MoE block of ``model`` through ``expert_mlp`` with ``backend`` (None: back to each
+    block's own loop); returns how many blocks take it."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, Experts):
+            continue
+        module.grouped = None
+        if backend is None:
+            continue
+        stacked = stack_experts(module)
+        if stacked is not None:
+            module.grouped = partial(expert_mlp, experts=stacked, backend=backend)
+            count += 1
+    return count
+

@@ -14,10 +14,15 @@ Each expert's weights are two ordinary ``Linear`` modules (``gate_up_proj`` [2I,
 ``down_proj`` [H, I]), not one 3-D tensor: whatever a ``Linear`` can be (oneDNN-prepacked, or
 FP8 with per-block scales where the FP8 linear replaces it) an expert's projections can be too.
 The loader slices the checkpoint's ``[E, 2I, H]`` / ``[E, H, I]`` tensors into them.
+
+On the GPU path the runner gives the block a ``grouped`` function (``kernels/moe_experts.py``:
+the experts' weights stacked, each expert's own weights then views into the stacks, and one
+grouped GEMM launch per projection); ``Experts`` then calls it instead of its loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,13 +72,19 @@ class GatedMLP(nn.Module):
         return self.down_proj(F.gelu(gate, approximate="tanh").mul_(up))
 
 
+GroupedExperts = Callable[[torch.Tensor, "RouterChoice"], torch.Tensor]  # (x [T, H], choice) -> [T, H]
+
+
 class Experts(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.experts = nn.ModuleList(GatedMLP(hidden_size, intermediate_size) for _ in range(num_experts))
+        self.grouped: GroupedExperts | None = None  # set: the whole block in one call (see the module doc)
 
     def forward(self, x: torch.Tensor, choice: RouterChoice) -> torch.Tensor:
+        if self.grouped is not None:
+            return self.grouped(x, choice)
         top_k = choice.experts.shape[1]
         flat = choice.experts.reshape(-1)
         order = torch.sort(flat, stable=True).indices  # (token, slot) pairs grouped by expert

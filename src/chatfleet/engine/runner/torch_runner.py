@@ -14,6 +14,7 @@ import torch
 
 from chatfleet.engine.kernels.backend import BACKENDS as KERNEL_DISPATCH
 from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
+from chatfleet.engine.kernels.moe_experts import use_grouped_experts
 from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
 from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
@@ -158,6 +159,7 @@ class TorchRunner:
         # model shared by runners follows the latest one's path).
         use_block_gemm(self.model, partial(fp8_block_linear, backend=kernel_backend)
                        if self.attention == "kernels" else None)
+        use_grouped_experts(self.model, kernel_backend if self.attention == "kernels" else None)
         self.graphs: DecodeGraphs | None = None
         if (self.device.type == "cuda" and not enforce_eager and self.attention == "kernels"
                 and self.kv_spec.is_uniform):
