@@ -13,6 +13,13 @@ Every dispatcher takes ``backend="auto" | "torch" | "triton"`` (``backend.py``):
 the Triton kernel on CUDA tensors when Triton is installed and the call is one the kernel
 supports, the reference otherwise, so a CPU install (no Triton, no GPU) runs exactly what it
 ran before. The ``*_triton.py`` modules import Triton and are imported only when a kernel runs.
+Who calls them: the runner's kernels path (``engine/runner/torch_runner.py``, the default on
+CUDA): ``step_attention.py`` builds a step's int32 block tables, context lengths and query
+offsets once and runs every layer's attention through the KV store and the paged decode /
+prefill dispatchers (handed to the model inside its ``AttentionMetadata``: the models never
+import this package); ``fp8_gemm.fp8_block_linear`` is handed to the FP8 linears
+(``models/fp8_model.use_block_gemm``) and ``moe_experts.use_grouped_experts`` stacks each MoE
+block's experts for the grouped GEMM. On the CPU the same path runs the references.
 Attention softcapping has no engine code yet (Gemma 4 configs with it are refused); its
 reference is ``attention_params.dense_attention``.
 """

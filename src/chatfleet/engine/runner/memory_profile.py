@@ -42,7 +42,9 @@ class CudaMemoryProbe:
 
     def peak_bytes(self) -> int:
         torch.cuda.synchronize(self.device)
-        return int(torch.cuda.max_memory_allocated(self.device))
+        peak = int(torch.cuda.max_memory_allocated(self.device))
+        torch.cuda.empty_cache()  # the pool's free-memory check then sees the profile's blocks free
+        return peak
 
 
 def probe_for(device: torch.device) -> MemoryProbe:
