@@ -246,8 +246,8 @@ class TorchRunner:
         for c in prefills:
             input_ids.extend(c.token_ids)
             positions.extend(range(c.start_position, c.context_length))
-        if self.host_kv is not None:  # no step writes a block whose store is still in flight
-            self.host_kv.before_write(self._written_blocks(order))
+        if self.host_kv is not None and self.host_kv.stores_in_flight:  # no step writes a block
+            self.host_kv.before_write(self._written_blocks(order))  # whose store is still in flight
 
         # Rows of the hidden states that need logits: last token of sampling chunks, and every
         # token of chunks that want prompt logprobs.
