@@ -96,6 +96,7 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
     out.print(ui.sweep_table(res, f"{name} ({mode}, SLO {res.slo})"))
     knee = "none" if res.knee is None else f"{res.knee:g}" + ("" if res.knee_reached else " (max reached)")
     out.print(f"predicted knee: [bold]{knee}[/]  ({wall:.1f} s of wall time)")
+    out.print(f"{g.name} step costs: {g.step_costs}", highlight=False, markup=False)
     settings = {"argv": __import__("sys").argv[1:], "simulated": True, "gpu": g.to_yaml_entry() | {"name": g.name},
                 "serving": {"weights": weights, "kv": kv, "kv_tokens": kv_tokens, "token_scale": token_scale,
                             "host_blocks": replica.num_host_blocks, "max_running": max_running,
