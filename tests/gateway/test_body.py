@@ -38,8 +38,21 @@ def test_a_lone_surrogate_is_parsed_and_keyed():
 
 def test_a_valid_body_gives_what_routing_needs():
     result = inspect_body(CHAT, chat(stream=True, user="alice"))
-    assert result == ParsedBody(stream=True, model="m", session=result.session)
+    assert result == ParsedBody(stream=True, model="m", session=result.session, prompt_bytes=result.prompt_bytes)
     assert result.session.key == "alice" and result.session.source is KeySource.USER
+    assert result.prompt_bytes > 0 and not result.continues and result.cache_salt is None
+
+
+def test_a_body_says_whether_it_continues_a_chat_and_what_it_asks_for():
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    later = first + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
+    body = {"model": "m", "messages": later, "max_tokens": 7, "cache_salt": "mine"}
+    result = inspect_body(CHAT, json.dumps(body).encode())
+    assert isinstance(result, ParsedBody) and result.continues
+    assert (result.max_tokens, result.cache_salt) == (7, "mine")
+    assert result.prompt_bytes == len(json.dumps(later, ensure_ascii=False))
+    again = inspect_body(CHAT, json.dumps({"model": "m", "messages": first}).encode())
+    assert isinstance(again, ParsedBody) and not again.continues and again.session == result.session
 
 
 def test_large_bodies_get_the_same_verdict_from_the_worker_process():

@@ -91,6 +91,11 @@ def session_turns(name: str, turns: int) -> list[tuple[dict, dict]]:
             for i in range(turns)]
 
 
+# health checked once at start, then not while the test runs: a check slowed by a loaded machine
+# must not mark a replica down and move its sessions (failover has tests of its own)
+STEADY = dict(health_interval_s=600.0, health_timeout_s=30.0, failure_threshold=100)
+
+
 def key_of(body: dict, headers: dict) -> str:
     return headers.get("X-Session-ID") or body_session(body).key
 
@@ -99,7 +104,7 @@ def test_turns_alternating_between_two_gateways_stay_home_and_stay_returning(
         peak_replicas, gateways, redis_url, caplog):
     (a, ra), (b, rb) = peak_replicas(2, ttft_s=0.005)
     urls = sorted([ra.url, rb.url])
-    settings = dict(state=redis_url, gateways=2, max_in_flight=8, load_factor=4.0, log_requests=True)
+    settings = dict(state=redis_url, gateways=2, max_in_flight=8, load_factor=4.0, log_requests=True, **STEADY)
     pair = [gateways(urls, **settings), gateways(urls, **settings)]
     conversations = {f"h{i}": history_turns(f"h{i}", 4) for i in range(6)}
     conversations |= {f"s{i}": session_turns(f"s{i}", 4) for i in range(6)}
@@ -139,7 +144,8 @@ def test_caps_hold_across_gateways_and_returning_turns_are_never_shed(peak_repli
     urls = sorted(server.url for _, server in replicas)
     # each gateway: cap // 2 = 1 per replica; first turns never wait (shed at once when full),
     # returning turns wait for a slot
-    settings = dict(state=redis_url, gateways=2, max_in_flight=cap, max_queued_new=0, max_queue_wait_s=120.0)
+    settings = dict(state=redis_url, gateways=2, max_in_flight=cap, max_queued_new=0, max_queue_wait_s=120.0,
+                    **STEADY)
     pair = [gateways(urls, **settings), gateways(urls, **settings)]
     names = [f"c{i}" for i in range(10)]
     conversations = {n: (history_turns if i % 2 else session_turns)(n, 3) for i, n in enumerate(names)}

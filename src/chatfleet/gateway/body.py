@@ -40,6 +40,7 @@ class ParsedBody:
     continues: bool = False  # the chat carries earlier turns (an assistant message): a returning turn
     prompt_bytes: int = 0  # the prompt's size (messages' or prompt's JSON), for per-key token budgets
     max_tokens: int | None = None  # what the request asks for at most (None: the server's default)
+    cache_salt: str | None = None  # the client's own, kept under its tenant's (tenants.py)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def _inspect(path: str, body: bytes) -> ParsedBody | BodyRejected:
     return ParsedBody(stream=bool(request.stream), model=request.model, session=body_session(data),
                       continues=carries_earlier_turns(data),
                       prompt_bytes=len(json.dumps(prompt, ensure_ascii=False)) if prompt is not None else 0,
-                      max_tokens=max_tokens if isinstance(max_tokens, int) else None)
+                      max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+                      cache_salt=salt if isinstance(salt := data.get("cache_salt"), str) else None)
 
 
 def carries_earlier_turns(data: dict[str, object]) -> bool:

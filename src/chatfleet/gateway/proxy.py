@@ -19,6 +19,7 @@ import asyncio
 import errno
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,6 +68,7 @@ class ProxyCall:
     headers: dict[str, str]  # headers for the upstream request
     arrival: float
     continues: bool = False  # the body carries earlier turns: returning, whatever any gateway remembers
+    release: Callable[[], None] | None = None  # called once when the response ends (the tenant's slot)
 
 
 @dataclass
@@ -135,6 +137,8 @@ class ProxyResponse:
             if not work.done():
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
+            if self.call.release is not None:
+                self.call.release()
             self._log()
 
     @staticmethod

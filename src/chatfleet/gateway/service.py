@@ -35,6 +35,14 @@ from chatfleet.gateway.replicas import ReplicaSet
 from chatfleet.gateway.routing import RoutingPolicy, make_routing_policy
 from chatfleet.gateway.session import KeySource, SessionKey
 from chatfleet.gateway.session_tracker import SessionTracker
+from chatfleet.gateway.tenants import (
+    OPEN_TENANT,
+    Tenant,
+    TenantLimits,
+    estimated_tokens,
+    tenant_of_key,
+    with_cache_salt,
+)
 from chatfleet.protocol.errors import to_chatfleet_error
 
 if TYPE_CHECKING:
@@ -67,6 +75,9 @@ class Gateway:
         )
         self.sessions_seen = SessionTracker(config.session_ttl_s, config.max_sessions)
         self.conversations = Conversations(self.sessions_seen, config.state)
+        self._tenants = {key: tenant_of_key(key, salt_per_key=config.salt_per_key)
+                         for key in config.api_keys + config.admin_api_keys}
+        self.limits = TenantLimits(config.key_max_in_flight, config.key_tokens_per_minute)
         self.bodies = BodyInspector(config.body_offload_bytes)
         upstream_headers = {}
         if config.upstream_api_key:
@@ -174,16 +185,20 @@ class Gateway:
 
     # -- request handling --------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
-        """A key of ``api_keys`` (or of ``admin_api_keys``: an admin is a tenant too, so one key
-        runs a sweep and its resets); open when no key is set."""
-        keys = self.config.api_keys + self.config.admin_api_keys
+        self.authenticate(request)
+
+    def authenticate(self, request: Request) -> Tenant:
+        """The tenant of a key of ``api_keys`` (or of ``admin_api_keys``: an admin is a tenant
+        too, so one key runs a sweep and its resets); the open tenant when no key is set."""
         if not self.config.api_keys:
-            return
+            return OPEN_TENANT
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(token.strip().encode(), key.encode()) for key in keys
-        ):
-            raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
+        given = token.strip().encode()
+        if scheme.lower() == "bearer":
+            for key, tenant in self._tenants.items():
+                if hmac.compare_digest(given, key.encode()):
+                    return tenant
+        raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
 
     def check_admin(self, request: Request) -> None:
         """Admin routes: a key of ``admin_api_keys``; open only on a gateway with no keys at all."""
@@ -210,9 +225,9 @@ class Gateway:
             parts.append(part)
         return b"".join(parts)
 
-    def upstream_headers(self, request: Request, request_id: str) -> dict[str, str]:
+    def upstream_headers(self, request: Request, request_id: str, tenant: Tenant = OPEN_TENANT) -> dict[str, str]:
         headers = {"content-type": "application/json", self.config.request_id_header: request_id}
-        session = request.headers.get(self._session_header)
+        session = tenant.scope(request.headers.get(self._session_header) or None)
         if session:
             headers[self.config.session_header] = session
         if self.config.upstream_api_key:
@@ -225,19 +240,24 @@ class Gateway:
         arrival = time.monotonic()
         path = request.url.path
         try:
-            self.check_auth(request)
+            tenant = self.authenticate(request)
             body = await self.read_body(request)
             parsed = await self.parse(path, body)
+            release = self.limits.admit(tenant, estimated_tokens(parsed.prompt_bytes, parsed.max_tokens))
         except Exception as exc:
             err = to_chatfleet_error(exc)
             self.metrics.rejected(err.code or err.error_type)
             raise
+        salt = tenant.salt(parsed.cache_salt)
+        if tenant.cache_salt is not None and salt is not None:
+            body = with_cache_salt(body, salt)
         request_id = request.headers.get(self.config.request_id_header) or uuid.uuid4().hex
+        session = self.session_of(request, parsed)
         call = ProxyCall(
             path=path, body=body, stream=parsed.stream,
-            session=self.session_of(request, parsed),
-            request_id=request_id, headers=self.upstream_headers(request, request_id),
-            arrival=arrival, continues=parsed.continues,
+            session=SessionKey(tenant.scope(session.key), session.source),
+            request_id=request_id, headers=self.upstream_headers(request, request_id, tenant),
+            arrival=arrival, continues=parsed.continues, release=release,
         )
         return ProxyResponse(self, call)
 
