@@ -59,7 +59,7 @@ def _best_seconds(fn, reps: int) -> float:  # noqa: ANN001 - a no-argument calla
     return best
 
 
-def matmul_peak(dtype: torch.dtype, n: int = GEMM_SIZE, reps: int = 5) -> float:
+def matmul_peak(dtype: torch.dtype, n: int = GEMM_SIZE, reps: int = 8) -> float:
     """FLOP/s of an n x n x n product in `dtype` with torch's current thread count."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
@@ -69,7 +69,7 @@ def matmul_peak(dtype: torch.dtype, n: int = GEMM_SIZE, reps: int = 5) -> float:
     return 2.0 * n ** 3 / seconds
 
 
-def copy_bandwidth(nbytes: int, reps: int = 5) -> float:
+def copy_bandwidth(nbytes: int, reps: int = 10) -> float:
     """(read + written) bytes per second of one tensor copy of `nbytes`."""
     n = max(1, nbytes // 4)
     src = torch.ones(n, dtype=torch.float32)
@@ -107,9 +107,10 @@ def decode_work(cfg, batch: int, context: int, weight_bytes_per_param: float,  #
     )
 
 
-def against_floor(step_s: float, work: StepWork, floor: Floor) -> dict:
+def against_floor(step_s: float, work: StepWork, floor: Floor, cpu_s: float | None = None) -> dict:
     """The step's floor (the slower of reading its bytes and computing its FLOPs) and the
-    measured step as a multiple of it."""
+    measured step as a multiple of it; `cpu_s` (one thread: the step's CPU time, which a loaded
+    machine does not stretch) as a multiple too."""
     bytes_s = work.bytes_read / floor.copy_bytes_per_s
     flops_s = work.flops / floor.matmul_flops_per_s
     floor_s = max(bytes_s, flops_s)
@@ -121,4 +122,5 @@ def against_floor(step_s: float, work: StepWork, floor: Floor) -> dict:
         "floor_ms": floor_s * 1e3,
         "bound_by": "memory" if bytes_s >= flops_s else "compute",
         "step_over_floor": step_s / floor_s,
+        "cpu_step_over_floor": None if cpu_s is None else cpu_s / floor_s,
     }

@@ -103,7 +103,8 @@ def main() -> None:
         works = {b: decode_work(loaded.config, b, mid, weight_bytes, kv_per_token) for b in args.batch}
         floor = measure_floor(loaded.dtype, max(w.bytes_read for w in works.values()))
         for r in rows:
-            r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor)
+            cpu_s = r["decode_step_ms_cpu"] / 1e3 if floor.threads == 1 else None
+            r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor, cpu_s)
 
     precision = f"{args.dtype}, KV {args.kv_cache_dtype}"
     if args.quantization:
@@ -113,7 +114,7 @@ def main() -> None:
                         f"{one_line(machine)}")
     cols = ["batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"]
     if floor is not None:
-        cols += ["floor ms (bytes / flops)", "bound", "step / floor"]
+        cols += ["floor ms (bytes / flops)", "bound", "step / floor (wall / cpu)"]
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
@@ -122,7 +123,8 @@ def main() -> None:
         if floor is not None:
             f = r["floor"]
             cells += [f"{f['floor_ms']:.2f} ({f['bytes_bound_ms']:.2f} / {f['flops_bound_ms']:.2f})",
-                      f["bound_by"], f"{f['step_over_floor']:.1f}x"]
+                      f["bound_by"], f"{f['step_over_floor']:.1f}x / "
+                      + ("-" if f["cpu_step_over_floor"] is None else f"{f['cpu_step_over_floor']:.1f}x")]
         table.add_row(*cells)
     Console(width=160).print(table)
     if floor is not None:
