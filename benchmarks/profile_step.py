@@ -78,7 +78,7 @@ PHASES = {  # range kind -> the row its own time and its ops go to
     "update": "scheduler (schedule + update)",
     "metadata": "attention metadata (per step)",
     "execute": "runner (inputs, tensors, rows)",
-    "logits": "logits (LM head)",
+    "logits": "logits (LM head GEMM, float32 cast)",
     "sample": "sampling",
     "process": "output processing (detokenize, stops)",
     "step": "engine step (other)",
@@ -89,7 +89,7 @@ ROWS = [
     "scheduler (schedule + update)", "attention metadata (per step)", "runner (inputs, tensors, rows)",
     DISPATCH, "linears (GEMM)", "attention: KV gather", "attention: products",
     "attention: KV writes", "attention: RoPE, reshapes", "norms (RMSNorm)", "MLP activation",
-    "residuals, embedding, other ops", "logits (LM head)", "sampling",
+    "residuals, embedding, other ops", "logits (LM head GEMM, float32 cast)", "sampling",
     "output processing (detokenize, stops)", "engine step (other)",
 ]
 REPORT_ROWS = [*ROWS, UNATTRIBUTED]
@@ -144,6 +144,16 @@ class Ranges:
         self._open.pop().__exit__(None, None, None)
 
 
+def _under(ev, name: str) -> bool:  # noqa: ANN001 - a FunctionEvent
+    """True where a range called `name` encloses the event (the LM head's GEMM: logits, not linears)."""
+    p = ev.cpu_parent
+    while p is not None:
+        if p.name == name:
+            return True
+        p = p.cpu_parent
+    return False
+
+
 def _descendants(ev) -> int:  # noqa: ANN001 - a FunctionEvent
     return sum(1 + _descendants(c) for c in ev.cpu_children)
 
@@ -166,7 +176,7 @@ def attribute(events, top_ops: dict[str, dict[str, float]] | None = None  # noqa
         if parent is not None and not parent.name.startswith(RANGE):
             continue  # inside another op: counted in that op's total
         kind = parent.name[len(RANGE):] if parent is not None else "step"
-        row = _op_row(kind, ev.name)
+        row = PHASES["logits"] if _under(ev, RANGE + "logits") else _op_row(kind, ev.name)
         totals[row] += ev.cpu_time_total
         counts[row] += 1 + _descendants(ev)
         if top_ops is not None:
