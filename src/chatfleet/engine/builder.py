@@ -168,6 +168,12 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
                          num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
                          kv_scales_from_prompts=config.kv_scales_from_prompts,
                          enforce_eager=config.enforce_eager, max_decode_batch=config.scheduler.max_running)
+    if runner.graphs is not None:
+        start = time.perf_counter()
+        sizes = runner.capture_graphs()
+        log.info("CUDA graphs: %d decode batch sizes captured (%s) in %.1f s%s", len(sizes),
+                 ", ".join(map(str, sizes)), time.perf_counter() - start,
+                 "" if runner.graphs.enabled else "; capture failed, decode steps run eagerly")
     return _LoadedRunner(runner, loaded.tokenizer, loaded.max_model_len, loaded.config.vocab_size,
                          kv_spec, pool_plan, memory)
 

@@ -48,3 +48,10 @@ def test_a_runner_on_the_cpu_has_no_graphs_and_the_kernels_path_when_asked():
     assert runner.attention == "kernels" and runner.graphs is None
     with pytest.raises(ValueError):
         TorchRunner(loaded, 8, 16, attention="fast")
+
+
+def test_capture_all_and_reset_are_no_ops_without_graphs():
+    graphs = DecodeGraphs(lambda *a: torch.zeros(1), [], 16, 4, capture_sizes(8), torch.device("cpu"))
+    assert graphs.capture_all() == () and graphs.captured == ()
+    graphs.reset()
+    assert graphs.captured == ()

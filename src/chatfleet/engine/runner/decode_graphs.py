@@ -113,6 +113,35 @@ class DecodeGraphs:
         self._pool = graph.pool()  # type: ignore[assignment]
         return _Graph(graph, output)
 
+    def reset(self) -> None:
+        """Drop every captured graph (a capture bakes in host values such as the FP8 KV scales:
+        when those change, the graphs are captured again as sizes are needed)."""
+        self._graphs.clear()
+        self._pool = None
+
+    def capture_all(self) -> tuple[int, ...]:
+        """Capture every size now (start-up, largest first so the pool is sized once), over
+        padding rows only: a capture's warm-up steps store nothing (every slot -1). Returns the
+        sizes captured; a failure turns graphs off as in ``run``."""
+        if not self.enabled:
+            return ()
+        self.ids.zero_()
+        self.positions.zero_()
+        self.tables.zero_()
+        self.lens.fill_(1)
+        self.slots.fill_(-1)
+        for size in sorted(self.sizes, reverse=True):
+            if size in self._graphs:
+                continue
+            try:
+                self._graphs[size] = self._capture(size)
+            except Exception as e:  # noqa: BLE001 - as in run: eager from now on
+                log.warning("CUDA graph capture of decode batch %d failed (%s: %s); decode steps run eagerly",
+                            size, type(e).__name__, e)
+                self.enabled = False
+                break
+        return self.captured
+
     def run(self, input_ids: Sequence[int], positions: Sequence[int], context_lens: Sequence[int],
             block_tables: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """The hidden states [n, hidden] of a decode-only step replayed from a graph; None when no

@@ -173,6 +173,13 @@ class TorchRunner:
         self._workspace = Workspace()
         self._pending_prompt: dict[str, _PendingPromptRow] = {}
 
+    def capture_graphs(self) -> tuple[int, ...]:
+        """Capture the decode graphs of every batch size now (the builder does, at start-up)."""
+        if self.graphs is None or self._calibrate_tokens:  # scales still to measure: capture after
+            return ()
+        with torch.inference_mode():
+            return self.graphs.capture_all()
+
     @property
     def num_blocks(self) -> int:
         return self._num_blocks
@@ -348,6 +355,8 @@ class TorchRunner:
             assert cache is not None  # measured scales: a model whose every layer has its own cache
             cache.k_scale, cache.v_scale = ks, vs
         self.kv_scales, self._calibrate_tokens = scales, 0
+        if self.graphs is not None:  # captured launches carry the old scales
+            self.graphs.reset()
         log.info("%s (measured on %d prompt tokens, now fixed)", scales.describe(), used)
 
     def _prompt_logprobs(self, c: ScheduledChunk, logits: torch.Tensor) -> list[TokenLogprob]:
