@@ -25,7 +25,7 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip install "/src[k8s]"
 RUN for name in ${BUILTIN_MODELS}; do \
-        python -c "import sys; from chatfleet.models.tiny import resolve_model; print(resolve_model(sys.argv[1]))" "$name"; \
+        python -c "import sys; from chatfleet.engine.builtin_models.tiny import resolve_model; print(resolve_model(sys.argv[1]))" "$name"; \
     done
 
 FROM python:${PYTHON_VERSION}-slim

@@ -170,7 +170,7 @@ def returning_turn_probe(series: SeriesSpec, args: argparse.Namespace, log_dir: 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     con = Console()
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     model_dir = resolve_model(args.model)
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)

@@ -39,7 +39,7 @@ class PromptFactory:
 
         self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         try:
-            from chatfleet.models.corpus import corpus_files
+            from chatfleet.engine.builtin_models.corpus import corpus_files
 
             words = corpus_files().get("en", "").split()
         except ImportError:

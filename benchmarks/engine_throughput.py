@@ -266,7 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     backends = select_backends(args.only)
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     model_dir = Path(resolve_model(args.model))
     run_id = time.strftime("%Y%m%d-%H%M%S")

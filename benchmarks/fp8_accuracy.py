@@ -35,7 +35,7 @@ from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import KVScales
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 try:
     from common import RESULTS_DIR

@@ -321,7 +321,7 @@ def tps_section(args: argparse.Namespace, con: Console) -> dict:
 def text_section(args: argparse.Namespace, con: Console) -> dict:
     from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.sizing.memory import memory_breakdown
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     folder = resolve_model(args.multimodal)
     t0 = time.perf_counter()
@@ -372,7 +372,7 @@ def vllm_section(args: argparse.Namespace, con: Console, run_dir: Path, model_di
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     con = Console()
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(sections) - set(SECTIONS)

@@ -20,7 +20,7 @@ import numpy as np
 
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.gate.tool_cases import CASES
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 STEPS = 64
 

@@ -30,7 +30,7 @@ from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BS = 16

@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from backends import BACKENDS  # noqa: E402
-from chatfleet.models.tiny import resolve_model  # noqa: E402
+from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
 from common import RESULTS_DIR, ServerProcess  # noqa: E402
 
 STREAM_TOKENS = 600

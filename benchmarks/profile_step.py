@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[n.strip()] for n in args.workloads.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     model_dir = Path(resolve_model(args.model))
     machine = describe_machine(threads_used=args.threads)

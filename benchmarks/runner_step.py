@@ -31,7 +31,7 @@ from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_floor import against_floor, decode_work, measure_floor  # noqa: E402

@@ -43,7 +43,7 @@ from chatfleet.engine.runner.torch_runner import TorchRunner  # noqa: E402
 from chatfleet.engine.structured.compiler import GrammarCompiler  # noqa: E402
 from chatfleet.engine.structured.spec import GrammarSpec  # noqa: E402
 from chatfleet.gate.tool_cases import CASES  # noqa: E402
-from chatfleet.models.tiny import resolve_model  # noqa: E402
+from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
 from common import RESULTS_DIR, ServerProcess  # noqa: E402
 
 BATCH = 32

@@ -19,7 +19,7 @@ from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

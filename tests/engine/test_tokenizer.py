@@ -8,8 +8,8 @@ import pytest
 
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.errors import InvalidRequestError
-from chatfleet.models.corpus import corpus_files
-from chatfleet.models.tiny import build_tiny_model
+from chatfleet.engine.builtin_models.corpus import corpus_files
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 MESSAGES = [
     [{"role": "user", "content": "Hello!"}],

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.testing.engines import launch_engine
 
 NOISY_TENSOR = "model.layers.1.mlp.down_proj.weight"

@@ -158,7 +158,7 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     con = con or Console()
     t0 = time.monotonic()
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     path = resolve_model(cfg.model)
     budget = kv_budget_bytes(path, cfg.kv_cache_tokens)

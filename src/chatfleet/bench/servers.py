@@ -87,7 +87,7 @@ class _VLLMProcess(Fleet):
 
 def _built_in(model: str) -> None:
     """Build a built-in model ('tiny', 'small') once before its engine starts."""
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     resolve_model(model)
 

@@ -54,7 +54,7 @@ def load_counter(spec: str | None) -> TokenCounter:
         return EstimateCounter()
     path = Path(spec)
     if not path.exists() and spec in ("tiny", "small"):
-        from chatfleet.models.tiny import resolve_model
+        from chatfleet.engine.builtin_models.tiny import resolve_model
 
         path = Path(resolve_model(spec))
     if path.is_dir():

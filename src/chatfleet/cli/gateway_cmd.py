@@ -166,7 +166,7 @@ def serve(
     from chatfleet.gateway.app import run_gateway
     from chatfleet.gateway.supervisor import ReplicaSupervisor
     from chatfleet.engine.launcher import Fleet, FleetConfig
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     try:
         prof = load_profile(profile) if profile else Profile()

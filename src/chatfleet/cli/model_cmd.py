@@ -9,7 +9,7 @@ import typer
 
 from chatfleet.errors import ChatfleetError, ConfigError
 
-SIZE_NAMES = ("tiny", "small")  # chatfleet.models.tiny.SIZES, named here so --help needs no torch
+SIZE_NAMES = ("tiny", "small")  # chatfleet.engine.builtin_models.tiny.SIZES, named here so --help needs no torch
 
 model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=True)
 
@@ -29,8 +29,8 @@ def tiny(
 ) -> None:
     """Build a model with seeded random weights and a local BPE tokenizer (Qwen3 or Gemma 4 layout)."""
     from chatfleet.engine.models.fp8_format import FP8WeightFormat
-    from chatfleet.models.tiny import build_tiny_model
-    from chatfleet.models.tiny_gemma4 import build_tiny_gemma4
+    from chatfleet.engine.builtin_models.tiny import build_tiny_model
+    from chatfleet.engine.builtin_models.tiny_gemma4 import build_tiny_gemma4
 
     start = time.perf_counter()
     try:

@@ -120,7 +120,7 @@ def prefixes_cmd(
             tok = make_byte_tokenizer()
         else:
             from chatfleet.engine.tokenizer import ChatTokenizer
-            from chatfleet.models.tiny import resolve_model
+            from chatfleet.engine.builtin_models.tiny import resolve_model
 
             tok = ChatTokenizer.from_pretrained(resolve_model(model))
         reqs = read_requests(requests)

@@ -56,7 +56,7 @@ def _identifier():
     """
     from langid.langid import LanguageIdentifier
 
-    # The root of chatfleet.models.tiny.cache_root(), without importing torch through it.
+    # The root of chatfleet.engine.builtin_models.tiny.cache_root(), without importing torch through it.
     root = Path(os.environ.get("CHATFLEET_CACHE") or Path.home() / ".cache" / "chatfleet")
     path = root / "langid" / f"ident-{'-'.join(LANGUAGES)}-v1.pkl"
     try:

@@ -34,7 +34,7 @@ def read_model_config(model: str) -> tuple[dict[str, Any], str]:
     elif path.is_dir():
         cfg_path = path / "config.json"
     else:
-        from chatfleet.models.tiny import SIZES, resolve_model
+        from chatfleet.engine.builtin_models.tiny import SIZES, resolve_model
 
         if model not in SIZES:
             raise ConfigError(f"model {model!r} is neither a config.json, a model folder, nor one of {', '.join(SIZES)}")

@@ -12,7 +12,7 @@ def launch_engine(model: str, args: list[str] | tuple[str, ...] = (), *, threads
                   startup_timeout_s: float = 180.0) -> Fleet:
     """One engine (not started yet): ``with launch_engine("tiny", ["--dtype", "float32"]) as e: e.url``.
     A built-in model name is built once before the engine starts."""
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     return Fleet(FleetConfig(replicas=1, model=model, threads_per_replica=threads, engine_args=tuple(args),
                              log_dir=log_dir, log_name=log_name, startup_timeout_s=startup_timeout_s),

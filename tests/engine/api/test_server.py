@@ -15,7 +15,7 @@ from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.api.options import ServerOptions
 from chatfleet.engine.api.server import build_app
 from chatfleet.loopback import ServerThread
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 MAX_MODEL_LEN = 1024
 BLOCK = 16

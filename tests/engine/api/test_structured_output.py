@@ -19,7 +19,7 @@ from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.loopback import ServerThread
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 NUM_BLOCKS = 512

@@ -11,7 +11,7 @@ import torch
 from chatfleet.engine.models.linear import onednn_available
 from chatfleet.engine.models.loader import load_model
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import build_tiny_model
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 VOCAB = 4096  # the tiny tokenizer's vocabulary, copied into every folder
 

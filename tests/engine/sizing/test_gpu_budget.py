@@ -69,7 +69,7 @@ def test_the_builder_sizes_the_pool_from_a_profile_pass(monkeypatch, caplog):
     from chatfleet.engine.engine import Engine
     from chatfleet.engine.models.checkpoint import read_hf_config
     from chatfleet.engine.runner import memory_profile
-    from chatfleet.models.tiny import resolve_model
+    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     hf = read_hf_config(resolve_model("tiny"))
     weights = engine_memory(EngineConfig(model="tiny"), hf).weight_bytes

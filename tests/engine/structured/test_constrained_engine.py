@@ -23,7 +23,7 @@ from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.engine.structured.spec import GrammarSpec
 from chatfleet.errors import InvalidRequestError
-from chatfleet.models.tiny import resolve_model
+from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 MAX_LEN = 2048

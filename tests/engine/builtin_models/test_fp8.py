@@ -10,7 +10,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
-from chatfleet.models.tiny import builtin_names
+from chatfleet.engine.builtin_models.tiny import builtin_names
 
 
 def test_cli_writes_the_hf_fp8_format(tmp_path):

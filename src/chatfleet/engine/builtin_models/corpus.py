@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-CORPUS_PACKAGE = "chatfleet.models"
+CORPUS_PACKAGE = "chatfleet.engine.builtin_models"
 
 
 def corpus_files() -> dict[str, str]:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
 from chatfleet.errors import ConfigError
-from chatfleet.models.tiny import CACHE_VERSION, SIZES, build_tiny_model, resolve_model
+from chatfleet.engine.builtin_models.tiny import CACHE_VERSION, SIZES, build_tiny_model, resolve_model
 
 
 def _sha(path) -> str:
