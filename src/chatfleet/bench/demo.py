@@ -210,10 +210,18 @@ def working_set_tokens(point: PointResult) -> float | None:
     return point.level * sum(r.prompt_tokens + r.output_tokens for r in recs) / len(recs)
 
 
+def _why_no_knee(s: SweepResult) -> str:
+    """Why a sweep called no knee: its lowest load broke the SLO, or stayed undecided."""
+    lowest = min(s.points, key=lambda p: p.level, default=None)
+    if lowest is not None and lowest.verdict == "undecided":
+        return f"the lowest load, {lowest.level:g}, stayed undecided: too few requests to call it"
+    return "the lowest load broke the SLO"
+
+
 def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int) -> None:
     for n, s in sweeps.items():
         spread = knee_spread(s.points)
-        knee = "none (the lowest load broke the SLO)" if s.knee is None else f"{s.knee:g} chats"
+        knee = f"{s.knee:g} chats" if s.knee is not None else f"none ({_why_no_knee(s)})"
         shown = next((p for p in s.points if p.level == s.knee), None)
         ws = working_set_tokens(shown) if shown is not None else None
         memory = f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool" if ws else ""
