@@ -7,9 +7,9 @@ import pytest
 
 from chatfleet.bench.demo import DemoConfig, demo_series, kv_budget_bytes
 from chatfleet.bench.servers import SeriesSpec, _VLLMProcess
-from chatfleet.errors import ConfigError
-from chatfleet.engine.launcher import FleetConfig
 from chatfleet.engine.builtin_models.tiny import resolve_model
+from chatfleet.engine.launcher import FleetConfig
+from chatfleet.errors import ConfigError
 
 
 def test_kv_budget_bytes_is_layers_times_kv_heads_times_head_dim_times_k_and_v():

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from chatfleet.protocol.sse import DataSplitter
 from chatfleet.bench.transport import Endpoint, ProtocolError, _ChunkedDecoder
 from chatfleet.errors import ConfigError
+from chatfleet.protocol.sse import DataSplitter
 
 
 def chunked(parts: list[bytes]) -> bytes:

@@ -30,8 +30,8 @@ SETUPS = {"fp32-graphs": ("float32", None, "auto", False), "fp32-eager": ("float
 
 @pytest.fixture(scope="module", params=list(SETUPS))
 def setup(request):
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     dtype, quantization, kv, eager = SETUPS[request.param]
     loaded = load_model(resolve_model("tiny"), dtype=dtype, device="cuda", quantization=quantization)

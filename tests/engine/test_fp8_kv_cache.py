@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.kv_cache import FP8
@@ -19,7 +20,6 @@ from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

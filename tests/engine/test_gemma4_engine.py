@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.request import SamplingParams
-from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 
 MAX_TOKENS = 12
 

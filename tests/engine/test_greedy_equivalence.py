@@ -9,12 +9,12 @@ the same family on a GPU."""
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 MAX_LEN = 1024

@@ -13,8 +13,8 @@ from chatfleet.engine.runner.torch_runner import TorchRunner
 
 @pytest.fixture(scope="module")
 def loaded():
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

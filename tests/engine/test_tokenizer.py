@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from chatfleet.engine.tokenizer import ChatTokenizer
-from chatfleet.errors import InvalidRequestError
 from chatfleet.engine.builtin_models.corpus import corpus_files
 from chatfleet.engine.builtin_models.tiny import build_tiny_model
+from chatfleet.engine.tokenizer import ChatTokenizer
+from chatfleet.errors import InvalidRequestError
 
 MESSAGES = [
     [{"role": "user", "content": "Hello!"}],

@@ -1,9 +1,9 @@
 """GSM8K answer extraction, the shipped data's format and the prompt."""
 
 import pytest
+from gate_data import GSM8K_FEWSHOT, GSM8K_TEST
 
 from chatfleet.gate.gsm8k import build_messages, extract_answer, load_problems, normalize_number
-from gate_data import GSM8K_FEWSHOT, GSM8K_TEST
 
 
 @pytest.mark.parametrize("reply, answer", [

@@ -12,12 +12,11 @@ import random
 import httpx
 from gate_data import GSM8K_TEST
 
+import chatfleet.gate.runner  # noqa: F401  (registers the suites)
 from chatfleet.gate.client import GateClient, SamplingSettings
 from chatfleet.gate.gsm8k import load_problems
 from chatfleet.gate.suite import SUITES, SuiteContext, SuiteSettings, Verdict
 from chatfleet.gate.tool_cases import CASES
-
-import chatfleet.gate.runner  # noqa: F401  (registers the suites)
 
 PROBLEMS = {p.question: p.gold for p in load_problems(GSM8K_TEST, limit=30)}
 BY_USER = {c.user: c for c in CASES}

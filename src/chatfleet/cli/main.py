@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from chatfleet.cli.errors import guard_all
-
 from chatfleet.cli import bench_cmd, demo_cmd, engine_cmd, gate_cmd, gateway_cmd, model_cmd, plan_cmd
+from chatfleet.cli.errors import guard_all
 
 app = typer.Typer(
     name="chatfleet",

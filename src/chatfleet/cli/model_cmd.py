@@ -28,9 +28,9 @@ def tiny(
                                     help="gemma4: a Gemma4ForConditionalGeneration folder with a vision tower."),
 ) -> None:
     """Build a model with seeded random weights and a local BPE tokenizer (Qwen3 or Gemma 4 layout)."""
-    from chatfleet.engine.models.fp8_format import FP8WeightFormat
     from chatfleet.engine.builtin_models.tiny import build_tiny_model
     from chatfleet.engine.builtin_models.tiny_gemma4 import build_tiny_gemma4
+    from chatfleet.engine.models.fp8_format import FP8WeightFormat
 
     start = time.perf_counter()
     try:

@@ -119,8 +119,8 @@ def prefixes_cmd(
 
             tok = make_byte_tokenizer()
         else:
-            from chatfleet.engine.tokenizer import ChatTokenizer
             from chatfleet.engine.builtin_models.tiny import resolve_model
+            from chatfleet.engine.tokenizer import ChatTokenizer
 
             tok = ChatTokenizer.from_pretrained(resolve_model(model))
         reqs = read_requests(requests)

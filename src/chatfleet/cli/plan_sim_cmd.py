@@ -215,8 +215,8 @@ def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` 
 
     from chatfleet.bench.report import load_result
     from chatfleet.plan.calibrate import fit_efficiency, read_measured
-    from chatfleet.plan.replica_setup import replica_plan
     from chatfleet.plan.memory_report import read_model_config
+    from chatfleet.plan.replica_setup import replica_plan
     from chatfleet.plan.sim_bench import sim_protocol, simulate_levels
 
     try:

@@ -199,8 +199,8 @@ def _size_pool_for_gpu(config: EngineConfig, loaded: Any, utilization: float) ->
 
 
 def _load_model(config: EngineConfig) -> Any:
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     if config.num_threads is not None:
         import torch

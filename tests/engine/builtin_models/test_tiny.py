@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
-from chatfleet.errors import ConfigError
 from chatfleet.engine.builtin_models.tiny import CACHE_VERSION, SIZES, build_tiny_model, resolve_model
+from chatfleet.errors import ConfigError
 
 
 def _sha(path) -> str:

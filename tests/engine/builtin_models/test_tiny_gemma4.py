@@ -10,10 +10,10 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from chatfleet.cli.main import app
-from chatfleet.engine.models import gemma4_weights
-from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.builtin_models.tiny_gemma4 import SIZES, build_named
+from chatfleet.engine.models import gemma4_weights
+from chatfleet.engine.models.loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from chatfleet.engine.models.moe import Experts
 
 @pytest.fixture(scope="module", params=[None, "fp8"])
 def moe_model(request):
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     # kernels="torch": plain weights (oneDNN-packed ones are not stacked; a GPU never packs)
     return load_model(resolve_model("tiny-gemma4-moe"), dtype="float32", kernels="torch", quantization=request.param)

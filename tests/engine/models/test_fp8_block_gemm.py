@@ -51,9 +51,9 @@ def test_per_channel_layers_keep_their_own_path():
 
 
 def test_the_kernels_path_runner_sends_fp8_linears_through_the_block_gemm():
+    from chatfleet.engine.builtin_models.tiny import resolve_model
     from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.runner.torch_runner import TorchRunner
-    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     loaded = load_model(resolve_model("tiny"), dtype="float32", quantization="fp8")
     layers = [m for m in loaded.model.modules() if isinstance(m, FP8Linear)]

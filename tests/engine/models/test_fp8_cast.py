@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatfleet.engine.models.fp8_cast import (E4M3_MIN_NORMAL, FP8_DOWN, fp8_dequantize, fp8_placed, fp8_to_down,
-                                              placed_down, to_e4m3_normal)
+from chatfleet.engine.models.fp8_cast import (
+    E4M3_MIN_NORMAL,
+    FP8_DOWN,
+    fp8_dequantize,
+    fp8_placed,
+    fp8_to_down,
+    placed_down,
+    to_e4m3_normal,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CODES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)

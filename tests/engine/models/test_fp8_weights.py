@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from chatfleet.engine.builtin_models.fp8 import to_fp8_checkpoint
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear, dequantize_weight, quantize_weight
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.fp8 import to_fp8_checkpoint
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 IDS = torch.tensor([5, 900, 17, 2048, 3, 77, 1200, 8, 64, 4000, 311, 12])
 

@@ -6,11 +6,11 @@ import json
 
 import torch
 
+from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 from chatfleet.engine.models.fp8_linear import FP8Linear
 from chatfleet.engine.models.linear import Linear
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.sizing.memory import memory_breakdown
-from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 
 
 def test_fp8_at_load_covers_experts_and_matches_the_breakdown(tmp_path):

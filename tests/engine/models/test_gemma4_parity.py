@@ -14,10 +14,10 @@ import shutil
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 from chatfleet.engine.models.attention import KVCache, build_attention_metadata
 from chatfleet.engine.models.loader import load_model
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 VOCAB = 4096  # the tiny tokenizer's vocabulary
 WINDOW = 8

@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 from chatfleet.engine.models.attention import KVCache, build_attention_metadata
 from chatfleet.engine.models.decode_attention import DECODE_PAD_LIMIT, group_decodes
 from chatfleet.engine.models.loader import load_model
-from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 BLOCK = 8
 NUM_BLOCKS = 64

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 from chatfleet.engine.models.linear import onednn_available
 from chatfleet.engine.models.loader import load_model
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 VOCAB = 4096  # the tiny tokenizer's vocabulary, copied into every folder
 

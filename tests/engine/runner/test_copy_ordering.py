@@ -99,8 +99,8 @@ def test_without_the_waits_the_data_would_be_stale():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -38,9 +38,9 @@ def test_graphs_stay_off_on_the_cpu():
 
 
 def test_a_runner_on_the_cpu_has_no_graphs_and_the_kernels_path_when_asked():
+    from chatfleet.engine.builtin_models.tiny import resolve_model
     from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.runner.torch_runner import TorchRunner
-    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     loaded = load_model(resolve_model("tiny"), dtype="float32")
     assert TorchRunner(loaded, 8, 16).graphs is None

@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
+from chatfleet.engine.builtin_models.tiny import build_tiny_model
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.base import Runner
 from chatfleet.engine.runner.torch_runner import TorchRunner, kv_bytes_per_token
-from chatfleet.engine.builtin_models.tiny import build_tiny_model
 
 BLOCK = 16
 NUM_BLOCKS = 128

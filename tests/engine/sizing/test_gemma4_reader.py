@@ -8,12 +8,12 @@ import logging
 import pytest
 from safetensors import safe_open
 
+from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 from chatfleet.engine.config import CacheConfig, EngineConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.sizing.config_readers import model_shape
 from chatfleet.engine.sizing.memory import memory_breakdown
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.tiny_gemma4 import build_named
 
 S, F = "sliding_attention", "full_attention"
 

@@ -65,11 +65,11 @@ def test_the_builder_sizes_the_pool_from_a_profile_pass(monkeypatch, caplog):
 
     import torch
 
+    from chatfleet.engine.builtin_models.tiny import resolve_model
     from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig, engine_memory
     from chatfleet.engine.engine import Engine
     from chatfleet.engine.models.checkpoint import read_hf_config
     from chatfleet.engine.runner import memory_profile
-    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     hf = read_hf_config(resolve_model("tiny"))
     weights = engine_memory(EngineConfig(model="tiny"), hf).weight_bytes

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from chatfleet.engine.models.fp8_format import FP8WeightFormat
-from chatfleet.errors import ConfigError
 from chatfleet.engine.builtin_models.chatml import ENDOFTEXT, IM_END, write_chat_files, write_chat_tokenizer, write_json
 from chatfleet.engine.builtin_models.fp8 import FP8_SUFFIX, to_fp8_checkpoint
 from chatfleet.engine.builtin_models.tiny_gemma4 import build_named, is_gemma4_name
+from chatfleet.engine.models.fp8_format import FP8WeightFormat
+from chatfleet.errors import ConfigError
 
 CACHE_VERSION = "v2"  # v2: the chat template renders tools and tool calls
 @dataclass(frozen=True)

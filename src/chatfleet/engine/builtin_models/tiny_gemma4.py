@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from chatfleet.errors import ConfigError
 from chatfleet.engine.builtin_models.chatml import ENDOFTEXT, IM_END, write_chat_files, write_chat_tokenizer, write_json
+from chatfleet.errors import ConfigError
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NAME_RE = re.compile(r"^(tiny|small)-gemma4(-moe)?(-mm)?$")
