@@ -240,6 +240,7 @@ def test_the_gateway_profile_and_flags_are_valid(overlay, tmp_path):
     profile = Profile(**yaml.safe_load(text))
     config = GatewayConfig.from_dict(profile.gateway)
     assert config.max_in_flight is not None, "the per-replica cap comes from the measured knee"
+    assert config.gateways == gateway["spec"]["replicas"], "each gateway enforces cap / (the gateways there are)"
     http = next(p for p in c["ports"] if p["name"] == "http")
     assert config.port == http["containerPort"] and config.host == "0.0.0.0"
 
