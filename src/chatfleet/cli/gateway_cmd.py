@@ -5,6 +5,7 @@ Settings come from the GatewayConfig defaults, then a YAML profile (--profile), 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 from pathlib import Path
@@ -148,6 +149,10 @@ def gateway(
 
 def serve(
     replicas: int | None = typer.Option(None, "--replicas", help="Engine processes to start (default: 2, or 0 with --replica)."),
+    engine: str | None = typer.Option(None, "--engine", help="Engine kind: chatfleet (built-in) or vllm "
+                                      "(the same settings as vLLM flags; default: chatfleet)."),
+    vllm_python: str | None = typer.Option(None, "--vllm-python", help="Python with vLLM installed "
+                                           "(default: $CHATFLEET_VLLM_PYTHON, else this one)."),
     model: str | None = typer.Option(None, "--model", help="tiny, small, or a local HF folder (default: tiny)."),
     threads_per_replica: int | None = typer.Option(None, "--threads-per-replica", help="torch threads each (default: cores / replicas)."),
     engine_port_base: int | None = typer.Option(None, "--engine-port-base", help="First engine port (default: free ports)."),
@@ -161,10 +166,14 @@ def serve(
     connect_timeout: float | None = _CONNECT, read_timeout: float | None = _READ,
     total_timeout: float | None = _TOTAL, max_body_bytes: int | None = _BODY,
     max_queued_new: int | None = _NEWQ, session_ttl: float | None = _TTL,
+    state: str | None = _STATE, gateways: int | None = _GATEWAYS, admin_key: list[str] | None = _ADMIN,
+    key_max_in_flight: int | None = _KEY_CAP, key_tokens_per_minute: int | None = _KEY_TPM,
 ) -> None:
-    """Start N built-in engines and the gateway in front of them; Ctrl-C stops everything."""
+    """Start N engines (built-in, or vLLM with --engine vllm) and the gateway in front of them;
+    Ctrl-C stops everything."""
     from chatfleet.gateway.app import run_gateway
     from chatfleet.gateway.supervisor import ReplicaSupervisor
+    from chatfleet.cli.vllm_fleet import VllmFleet, check_kind, vllm_env
     from chatfleet.engine.launcher import Fleet, FleetConfig
     from chatfleet.engine.builtin_models.tiny import resolve_model
 
@@ -172,9 +181,11 @@ def serve(
         prof = load_profile(profile) if profile else Profile()
         settings = dict(prof.serve)
         unknown = sorted(set(settings) - {"replicas", "model", "threads_per_replica", "base_port",
-                                          "startup_timeout_s", "stop_timeout_s"})
+                                          "startup_timeout_s", "stop_timeout_s", "engine"})
         if unknown:
             raise ConfigError(f"unknown serve setting(s) {unknown} in the profile")
+        kind = check_kind(engine or settings.pop("engine", None) or "chatfleet")
+        settings.pop("engine", None)
         given = {"replicas": replicas, "model": model, "threads_per_replica": threads_per_replica,
                  "base_port": engine_port_base}
         settings.update({k: v for k, v in given.items() if v is not None})
@@ -182,10 +193,14 @@ def serve(
             settings["replicas"] = 0
         settings["engine_args"] = FleetConfig.engine_flags(prof.engine) + tuple(engine_arg or ())
         fleet_config = FleetConfig(**settings)
+        if kind == "vllm":
+            fleet_config = dataclasses.replace(fleet_config, extra_env=vllm_env(fleet_config.threads()))
         gateway_config = build_gateway_config(prof, replica, _flags(
             host, port, max_in_flight, queue_size, max_queue_wait, api_key, session_header,
             routing_policy, log_level, connect_timeout, read_timeout, total_timeout, max_body_bytes,
-            max_queued_new, session_ttl), caps_from, caps_series)
+            max_queued_new, session_ttl, state=state, gateways=gateways, admin_key=admin_key,
+            key_max_in_flight=key_max_in_flight, key_tokens_per_minute=key_tokens_per_minute),
+            caps_from, caps_series)
         if fleet_config.replicas == 0 and not gateway_config.replicas:
             raise ConfigError("nothing to serve: --replicas 0 and no --replica URL")
         check_port(gateway_config.host, gateway_config.port)
@@ -196,7 +211,11 @@ def serve(
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
-    fleet = Fleet(fleet_config, prepare_model=resolve_model)
+    fleet = (VllmFleet(fleet_config, prepare_model=resolve_model, python=vllm_python) if kind == "vllm"
+             else Fleet(fleet_config, prepare_model=resolve_model))
+    if isinstance(fleet, VllmFleet) and fleet.dropped:
+        typer.echo(f"vLLM has no equivalent of {', '.join(fleet.dropped)}: left out "
+                   "(vLLM evicts LRU and schedules FCFS)", err=True)
     supervisor = None
     try:
         urls = fleet.start()
