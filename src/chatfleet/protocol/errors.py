@@ -127,7 +127,10 @@ def install_exception_handlers(app: FastAPI) -> None:
                       exc_info=exc if not isinstance(exc, ChatfleetError) else None)
             if err is not exc:  # a foreign exception: the client gets the id to quote, no internals
                 err = _http_error(err.status_code, f"{err.message} (error id {error_id})")
-        return error_response(err)
+        response = error_response(err)
+        if isinstance(exc, StarletteHTTPException) and exc.headers:  # e.g. a 405's Allow
+            response.headers.update(exc.headers)
+        return response
 
     for exc_type in (ChatfleetError, RequestValidationError, ValidationError,
                      json.JSONDecodeError, StarletteHTTPException, Exception):

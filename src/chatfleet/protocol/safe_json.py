@@ -4,7 +4,8 @@
 not UTF-8, NaN and Infinity (not JSON), numbers over ``MAX_NUMBER_DIGITS`` digits, nesting deeper
 than ``MAX_DEPTH``, and strings holding lone surrogates (``"\\ud800"`` is valid JSON but no text:
 it cannot be encoded, tokenized, hashed or forwarded). ``SafeJSONRoute`` runs it before FastAPI
-reads the body (large bodies parse on a worker thread, off the event loop).
+reads the body (large bodies parse on a worker thread, off the event loop); a body whose content
+type is not JSON is refused with a 400 naming it (``check_json_content_type``).
 """
 
 from __future__ import annotations
@@ -107,9 +108,18 @@ def parse_json_body(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
-def _is_json(request: Request) -> bool:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+def is_json_content_type(header: str | None) -> bool:
+    """A request without a content type, or with a JSON one, carries JSON."""
+    ctype = (header or "application/json").split(";")[0].strip().lower()
     return ctype == "application/json" or ctype.endswith("+json")
+
+
+def check_json_content_type(header: str | None) -> None:
+    """Refuse a body sent as something other than JSON, naming its content type (engine and
+    gateway alike)."""
+    if not is_json_content_type(header):
+        raise InvalidRequestError(
+            f"the body's content type is {(header or '')[:80]!r}; send the request as application/json")
 
 
 class SafeJSONRoute(APIRoute):
@@ -119,9 +129,10 @@ class SafeJSONRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def safe_handler(request: Request) -> Response:
-            if request.method in ("POST", "PUT", "PATCH") and _is_json(request):
+            if request.method in ("POST", "PUT", "PATCH"):
                 body = await request.body()
                 if body:
+                    check_json_content_type(request.headers.get("content-type"))
                     if len(body) >= OFF_LOOP_BYTES:
                         value = await asyncio.to_thread(parse_json_body, body)
                     else:

@@ -1,11 +1,15 @@
-"""Prompts off the event loop: chat templates and tokenization run on a bounded pool of threads.
+"""Prompts off the step loop: chat templates render on a bounded pool of threads, long texts
+tokenize in a worker process.
 
-A 10 MB prompt takes seconds to tokenize; on the event loop that would stall every stream of the
-server. ``PromptBuilder`` renders and encodes on ``workers`` threads (the ``tokenizers`` encoder
-releases the GIL), and before encoding refuses a text whose length alone proves it longer than
-the context: no token covers more than ``max_token_bytes`` bytes of text, so a text of more than
-``max_model_len * max_token_bytes`` bytes (times a slack where a normalizer may shrink the text)
-cannot fit.
+A 10 MB prompt takes seconds to tokenize, and the ``tokenizers`` encoder holds the GIL while it
+does (a thread would freeze the engine's step loop all the same), so ``PromptBuilder`` renders
+on ``workers`` threads and encodes texts over a few KB in a worker process
+(``tokenize_process.py``), which stops counting as soon as a text passes the context. Before
+that, three bounds refuse what cannot fit without tokenizing it: a text of more than
+``max_model_len * max_token_bytes`` characters (no token covers more than ``max_token_bytes``
+bytes; times a slack where a normalizer may shrink the text); a chat whose messages' texts add
+up to more than that; and a chat of more messages than the context holds, each rendered message
+costing at least the template's own tokens for an empty one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chatfleet.engine.api.serving import CompletionPrompt, chat_prompt_ids, completion_prompt
+from chatfleet.engine.api.serving import CompletionPrompt, completion_prompt, render_chat
+from chatfleet.engine.api.tokenize_process import TokenizerProcesses, TooManyTokens
 from chatfleet.errors import RequestTooLongError
 from chatfleet.protocol.openai import ChatMessage
 
@@ -88,17 +93,33 @@ class PromptLengthBound:
             )
 
 
-class PromptBuilder:
-    """Render and tokenize prompts on ``workers`` threads; ``close()`` stops them."""
+def tokens_per_message(tokenizer: Any) -> int:
+    """The fewest tokens the chat template spends on one more (empty) message; 0 if unknown."""
+    try:
+        one = [{"role": "user", "content": ""}]
+        texts = [tokenizer.apply_chat_template(one * n, add_generation_prompt=False) for n in (1, 2)]
+        return max(0, len(tokenizer.encode(texts[1])) - len(tokenizer.encode(texts[0])))
+    except Exception:  # noqa: BLE001 - a template that refuses two user turns in a row: no bound
+        return 0
 
-    def __init__(self, tokenizer: Any, max_model_len: int, workers: int = DEFAULT_WORKERS) -> None:
+
+class PromptBuilder:
+    """Render prompts on ``workers`` threads, tokenize long ones in a worker process; ``close()``
+    stops both."""
+
+    def __init__(self, tokenizer: Any, max_model_len: int, workers: int = DEFAULT_WORKERS,
+                 processes: int = 1) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
         self.bound = PromptLengthBound.of(tokenizer, max_model_len)
         if self.bound is not None:
             log.info("prompts over %d characters are refused before tokenizing", self.bound.max_chars)
+        self.message_tokens = tokens_per_message(tokenizer) if hasattr(tokenizer, "apply_chat_template") else 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chatfleet-tokenize")
+        backend = getattr(tokenizer, "backend", None)
+        self._processes = TokenizerProcesses(backend, processes) if backend is not None else None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -107,21 +128,61 @@ class PromptBuilder:
         if self.bound is not None:
             self.bound.check(text, param)
 
+    def _check_messages(self, messages: list[ChatMessage]) -> None:
+        """Refuse a chat that cannot fit before rendering it: too many messages, or too much text."""
+        if self.message_tokens and len(messages) * self.message_tokens > self.max_model_len:
+            raise RequestTooLongError(
+                f"the chat has {len(messages)} messages; at {self.message_tokens} tokens each at least,"
+                f" more than the {self.max_model_len}-token context holds", param="messages")
+        if self.bound is not None:
+            chars = 0
+            for m in messages:
+                if isinstance(m.content, str):
+                    chars += len(m.content)
+                elif m.content:
+                    chars += sum(len(p.text or "") for p in m.content)
+            if chars > self.bound.max_chars:
+                raise RequestTooLongError(
+                    f"the messages hold {chars} characters, more than the {self.max_model_len}-token context"
+                    f" can hold (a token here covers at most {self.bound.max_token_bytes} bytes)",
+                    param="messages")
+
+    async def _encode(self, text: str, param: str) -> list[int]:
+        if self._processes is None:
+            return await self._run(lambda: self.tokenizer.encode(text))
+        ids = await self._processes.encode(text, self.max_model_len)
+        if isinstance(ids, TooManyTokens):
+            raise RequestTooLongError(
+                f"the prompt has more than {int(ids)} tokens; the context holds {self.max_model_len}",
+                param=param)
+        return ids
+
     async def chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of the rendered chat (with ``tools`` for templates that render them)."""
-        return await self._run(lambda: chat_prompt_ids(
+        self._check_messages(messages)
+        text = await self._run(lambda: render_chat(
             self.tokenizer, messages, add_generation_prompt, tools, check_text=self._check))
+        return await self._encode(text, "messages")
 
     async def completion(self, prompt: str | list[int]) -> CompletionPrompt:
         """One completions prompt (a text or token ids) as ids and text."""
         if isinstance(prompt, str):
             self._check(prompt, "prompt")
+            if prompt and self._processes is not None:
+                return CompletionPrompt(await self._encode(prompt, "prompt"), prompt)
         return await self._run(lambda: completion_prompt(self.tokenizer, prompt))
 
     async def encode(self, text: str, param: str = "prompt") -> list[int]:
         self._check(text, param)
-        return await self._run(lambda: self.tokenizer.encode(text))
+        return await self._encode(text, param)
+
+    def start(self) -> None:
+        """Start the tokenizing process (the server's start-up calls this)."""
+        if self._processes is not None:
+            self._processes.warm()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()

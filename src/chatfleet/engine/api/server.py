@@ -118,6 +118,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        prompts.start()
         if start_engine:
             engine.start()
         try:

@@ -57,10 +57,10 @@ def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return [t.model_dump(exclude_none=True) for t in req.tools or ()]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
-                    tools: list[dict[str, Any]] | None = None, *,
-                    check_text: Callable[[str, str], None] | None = None) -> list[int]:
-    """Render the chat template and encode it; ``check_text(text, param)`` may refuse the text first."""
+def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None, *,
+                check_text: Callable[[str, str], None] | None = None) -> str:
+    """The chat template's text; ``check_text(text, param)`` may refuse it."""
     plain = [template_message(m) for m in messages]
     extra = {"tools": tools} if tools else {}
     try:
@@ -69,7 +69,14 @@ def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_
         raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
     if check_text is not None:
         check_text(text, "messages")
-    return tokenizer.encode(text)
+    return text
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+                    tools: list[dict[str, Any]] | None = None, *,
+                    check_text: Callable[[str, str], None] | None = None) -> list[int]:
+    """Render the chat template and encode it; ``check_text(text, param)`` may refuse the text first."""
+    return tokenizer.encode(render_chat(tokenizer, messages, add_generation_prompt, tools, check_text=check_text))
 
 
 @dataclass(frozen=True)
