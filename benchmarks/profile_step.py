@@ -411,6 +411,8 @@ def print_http(results: list[dict], console: Console) -> None:
         table.add_row(p, *(f"{100 * r['shares'].get(p, 0):.0f}%" for r in results))
     table.add_row("samples", *(str(r["samples"]) for r in results))
     table.add_row("output tok/s", *(f"{r['output_tokens_per_s']:.0f}" for r in results))
+    table.add_row("TTFT p50 ms", *(f"{r['ttft_p50_ms']:.0f}" if r["ttft_p50_ms"] is not None else "-"
+                                   for r in results))
     console.print(table)
 
 
