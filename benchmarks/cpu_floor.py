@@ -3,8 +3,10 @@
 Two numbers bound a step from below:
   * matmul peak: FLOP/s of a large square GEMM in the model's dtype with the threads the run uses
     (oneDNN/AMX for bfloat16 where the CPU has it);
-  * copy bandwidth: bytes read + written per second by a tensor copy, at the size of the step's
-    working set (weights + KV read) and at a size past the caches.
+  * memory bandwidth: bytes read + written per second by a tensor copy, and bytes read per second
+    by a sum (reads only), at the size of the step's working set (weights + KV read), and the copy
+    at a size past the caches; the floor takes the faster of copy and read at the working set
+    (a step mostly reads, and a floor must not be slower than what a rival engine achieves).
 A decode step at batch B must read every weight once and each sequence's KV, and compute about
 2 x params x B FLOPs plus attention, so its floor is max(bytes / bandwidth, FLOPs / peak).
 """
@@ -26,12 +28,18 @@ class Floor:
     threads: int
     matmul_flops_per_s: float  # measured peak for `dtype`
     gemm_size: int
-    copy_bytes_per_s: float  # at the working-set size (what the floor uses)
+    copy_bytes_per_s: float  # (read + written) / s of a copy at the working-set size
+    read_bytes_per_s: float  # read / s of a sum at the working-set size
     copy_working_set_bytes: int
     dram_copy_bytes_per_s: float  # at DRAM_COPY_BYTES (for reference)
 
+    @property
+    def bandwidth(self) -> float:
+        """What the floor divides the step's bytes by: the faster of copy and read."""
+        return max(self.copy_bytes_per_s, self.read_bytes_per_s)
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "floor_bytes_per_s": self.bandwidth}
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,14 @@ def copy_bandwidth(nbytes: int, reps: int = 10) -> float:
     return 2.0 * n * 4 / seconds
 
 
+def read_bandwidth(nbytes: int, reps: int = 10) -> float:
+    """Bytes read per second by a sum over `nbytes` of float32 (compute is negligible beside it)."""
+    x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    with torch.inference_mode():
+        seconds = _best_seconds(lambda: x.sum(), reps)
+    return x.numel() * 4 / seconds
+
+
 def measure_floor(dtype: torch.dtype, working_set_bytes: int) -> Floor:
     return Floor(
         dtype=str(dtype).removeprefix("torch."),
@@ -85,6 +101,7 @@ def measure_floor(dtype: torch.dtype, working_set_bytes: int) -> Floor:
         matmul_flops_per_s=matmul_peak(dtype),
         gemm_size=GEMM_SIZE,
         copy_bytes_per_s=copy_bandwidth(working_set_bytes),
+        read_bytes_per_s=read_bandwidth(working_set_bytes),
         copy_working_set_bytes=working_set_bytes,
         dram_copy_bytes_per_s=copy_bandwidth(DRAM_COPY_BYTES, reps=3),
     )
@@ -111,7 +128,7 @@ def against_floor(step_s: float, work: StepWork, floor: Floor, cpu_s: float | No
     """The step's floor (the slower of reading its bytes and computing its FLOPs) and the
     measured step as a multiple of it; `cpu_s` (one thread: the step's CPU time, which a loaded
     machine does not stretch) as a multiple too."""
-    bytes_s = work.bytes_read / floor.copy_bytes_per_s
+    bytes_s = work.bytes_read / floor.bandwidth
     flops_s = work.flops / floor.matmul_flops_per_s
     floor_s = max(bytes_s, flops_s)
     return {

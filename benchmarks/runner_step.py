@@ -27,11 +27,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_floor import against_floor, decode_work, measure_floor  # noqa: E402
@@ -129,8 +129,9 @@ def main() -> None:
     Console(width=160).print(table)
     if floor is not None:
         print(f"floor ({floor.dtype}, {floor.threads} threads): matmul {floor.matmul_flops_per_s / 1e9:.1f} GFLOP/s "
-              f"(GEMM {floor.gemm_size}^3), copy {floor.copy_bytes_per_s / 1e9:.1f} GB/s at "
-              f"{floor.copy_working_set_bytes / 2**20:.0f} MiB, {floor.dram_copy_bytes_per_s / 1e9:.1f} GB/s at 1 GiB")
+              f"(GEMM {floor.gemm_size}^3); at {floor.copy_working_set_bytes / 2**20:.0f} MiB copy "
+              f"{floor.copy_bytes_per_s / 1e9:.1f} GB/s, read {floor.read_bytes_per_s / 1e9:.1f} GB/s; "
+              f"copy at 1 GiB {floor.dram_copy_bytes_per_s / 1e9:.1f} GB/s")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"runner_step-{time.strftime('%Y%m%d-%H%M%S')}.json"
