@@ -94,7 +94,8 @@ def test_latency_counts_from_intended_send_time(scripted):
 
 def test_429_and_errors_are_records_not_dropped(scripted):
     url = scripted("--ttft-ms", "50", "--itl-ms", "20", "--max-inflight", "2")
-    res = run(url, LoadSpec("concurrency", 6, duration_s=1.0, warmup_s=0.0, drain_timeout_s=10), ClientConfig("scripted"))
+    res = run(url, LoadSpec("concurrency", 6, duration_s=1.0, warmup_s=0.0, drain_timeout_s=10),
+              ClientConfig("scripted"))
     statuses = [r.status for r in res.records]
     assert "rate_limited" in statuses and "ok" in statuses
     limited = [r for r in res.records if r.status == "rate_limited"]

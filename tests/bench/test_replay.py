@@ -30,6 +30,7 @@ def test_ample_pool_hits_every_full_block_of_the_history():
     got = {(t.session_id, t.turn): (t.prompt_tokens, t.cached_tokens) for t in res.turns}
     for s in sessions:
         prompt = len(s.card_ids)
+        prev_prompt = 0  # the previous turn's prompt length; read from the second turn on
         for ti, turn in enumerate(s.turns):
             prompt += len(turn.user_ids)
             if ti == 0:

@@ -58,7 +58,7 @@ def test_each_conversation_sends_its_own_session_id_and_records_pauses():
     res = asyncio.run(run_load(w, t, ClientConfig("m"), spec, seed=5))
     assert len(res.records) == len(t.sent) == 12
     by_conv = {}
-    for rec, (body, headers) in zip(res.records, t.sent):  # both in send order
+    for rec, (_body, headers) in zip(res.records, t.sent, strict=True):  # both in send order
         by_conv.setdefault(rec.conv_id, set()).add(headers[SESSION_HEADER])
         assert headers[SESSION_HEADER] == rec.session_id
         assert (rec.pause_s is None) == (rec.turn == 0)
@@ -88,7 +88,8 @@ def test_long_session_profile_is_deterministic_and_pauses_longer_than_a_turn_tak
     assert max(pauses) > 10 and min(pauses) >= 0.3  # lognormal: a long tail
     roleplay = Workload(get_profile("cpu-roleplay"), 11, EstimateCounter())
     assert min(len(c.turns) for c in convs) >= 6
-    assert sum(c.tokens for c in a.cards) / len(a.cards) > 2 * sum(c.tokens for c in roleplay.cards) / len(roleplay.cards)
+    mean_card_tokens = sum(c.tokens for c in a.cards) / len(a.cards)
+    assert mean_card_tokens > 2 * sum(c.tokens for c in roleplay.cards) / len(roleplay.cards)
     assert max(c.prompt_tokens(len(c.turns) - 1) for c in convs) <= prof.max_prompt_tokens + 64
 
 
@@ -100,7 +101,7 @@ def test_steady_join_sends_each_slots_first_chat_from_a_drawn_turn_with_its_hist
     spec = LoadSpec("closed", 4, duration_s=3.0, warmup_s=0.0, max_requests=60, join="steady")
     res = asyncio.run(run_load(w, t, ClientConfig("m"), spec, seed=3))
     first_of = {}
-    for rec, (body, _) in zip(res.records, t.sent):
+    for rec, (body, _) in zip(res.records, t.sent, strict=True):  # one record per chat sent, both in send order
         first_of.setdefault(rec.conv_id, (rec, body))
     joined = [(rec, body) for rec, body in first_of.values() if rec.turn > 0]
     assert joined, "some slot must have joined a chat past its first turn"

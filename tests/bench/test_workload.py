@@ -94,8 +94,8 @@ def test_trace_roundtrip_and_sharegpt(tmp_path):
         import_jsonl(bad, prof, EstimateCounter())
 
 
-@pytest.mark.parametrize("spec", ["lognormal(mean=-1,sigma=1)", "weibull(k=1)", "uniform(low=3)", "uniform(low=1,high=2,x=3)",
-                                  "lognormal(mean=1 sigma=1)"])
+@pytest.mark.parametrize("spec", ["lognormal(mean=-1,sigma=1)", "weibull(k=1)", "uniform(low=3)",
+                                  "uniform(low=1,high=2,x=3)", "lognormal(mean=1 sigma=1)"])
 def test_bad_distributions_fail_clearly(spec):
     with pytest.raises(ConfigError):
         parse_dist(spec)

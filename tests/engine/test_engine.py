@@ -257,7 +257,7 @@ def test_randomized_workload_integrity_and_greedy_equivalence(reqs, num_blocks, 
     assert_drained(engine)
     s = engine.stats()
     assert s.prefix_cache_hits <= s.prefix_cache_queries
-    for rid, (prompt, params, spec) in specs.items():
+    for rid, (prompt, params, _spec) in specs.items():
         if rid in aborted:
             continue
         alone = run_alone(prompt, params)

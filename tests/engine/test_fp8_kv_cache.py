@@ -158,7 +158,8 @@ def test_scales_from_prompts_are_amax_over_448_then_frozen(caplog):
 
 def test_pool_grows_by_the_byte_ratio_at_the_same_memory():
     memory = 3072 * BS * 20  # 20 float32 blocks of the tiny model
-    pools = {kv: Engine(EngineConfig(model="tiny", kv_cache_dtype=kv, cache=CacheConfig(memory_bytes=memory))).kv.total_tokens
+    cache = CacheConfig(memory_bytes=memory)
+    pools = {kv: Engine(EngineConfig(model="tiny", kv_cache_dtype=kv, cache=cache)).kv.total_tokens
              for kv in ("auto", "bfloat16", "fp8")}
     assert pools == {"auto": 20 * BS, "bfloat16": 40 * BS, "fp8": 80 * BS}
 

@@ -154,7 +154,7 @@ def test_prompt_logprobs_chunked_match_unchunked(loaded, prompts, attention):
     whole, chunked = score(), score(max_batched_tokens=5)
     assert len(whole) == len(prompts[4]) and whole[0] is None
     assert [lp.token_id for lp in whole[1:]] == prompts[4][1:]
-    for a, b in zip(whole[1:], chunked[1:]):
+    for a, b in zip(whole[1:], chunked[1:], strict=True):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
 
@@ -162,7 +162,8 @@ def test_engine_built_from_config_loads_sizes_and_matches(loaded, prompts, alone
     from chatfleet.engine.runner.torch_runner import kv_bytes_per_token
 
     per_token = kv_bytes_per_token(loaded.config, "float32")
-    config = EngineConfig(model="tiny", num_threads=1, cache=CacheConfig(block_size=BS, memory_bytes=per_token * BS * 40))
+    config = EngineConfig(model="tiny", num_threads=1,
+                          cache=CacheConfig(block_size=BS, memory_bytes=per_token * BS * 40))
     engine = Engine(config)
     assert engine.kv.num_blocks == 40 and engine.max_model_len == 40 * BS  # capped by the pool
     assert engine.model_name == "tiny" and engine.vocab_size == loaded.config.vocab_size

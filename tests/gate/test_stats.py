@@ -5,6 +5,7 @@ whose answer is known."""
 
 import math
 from fractions import Fraction
+from itertools import pairwise
 from statistics import NormalDist
 
 import pytest
@@ -81,7 +82,7 @@ def test_tango_matches_brute_force_inversion_of_the_score_statistic(gains, losse
 def test_tango_statistic_is_zero_at_the_estimate_and_decreasing():
     assert tango_score(12, 2, 50, 0.2) == pytest.approx(0.0, abs=1e-12)
     values = [tango_score(12, 2, 50, d / 100) for d in range(-90, 91, 5)]
-    assert all(a > b for a, b in zip(values, values[1:]))
+    assert all(a > b for a, b in pairwise(values))
 
 
 def test_one_sided_bound_tightens_with_n_and_no_discordance():

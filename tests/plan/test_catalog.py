@@ -32,10 +32,12 @@ def test_user_catalog_adds_and_overrides(tmp_path):
     f = tmp_path / "mine.yaml"
     f.write_text("gpus:\n  H100:\n    memory: 79.6GiB\n    memory_bandwidth_gbps: 3000\n    bf16_tflops: 900\n"
                  "    pcie_gbps: 50\n    efficiency: {compute: 0.5, step_overhead_ms: 3}\n"
-                 "  MyCard:\n    memory: 12GB\n    memory_bandwidth_gbps: 500\n    bf16_tflops: 50\n    pcie_gbps: 16\n")
+                 "  MyCard:\n    memory: 12GB\n    memory_bandwidth_gbps: 500\n    bf16_tflops: 50\n"
+                 "    pcie_gbps: 16\n")
     cat = load_catalog(f)
     h = cat.get("H100")
-    assert h.memory_bandwidth_gbps == 3000 and h.efficiency.compute == 0.5 and h.efficiency.step_overhead_ms == 3
+    assert h.memory_bandwidth_gbps == 3000
+    assert h.efficiency.compute == 0.5 and h.efficiency.step_overhead_ms == 3
     assert h.p2p_gbps == 50 and h.fp8_tflops is None  # p2p defaults to PCIe
     assert cat.get("mycard").memory_bytes == 12 * 10**9
     assert cat.get("L4").bf16_tflops == 121  # the rest stays

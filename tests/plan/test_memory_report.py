@@ -99,7 +99,8 @@ def test_l4_qwen3_8b_pool_bf16_vs_fp8(tmp_path):
                                    "--kv", "fp8", "--lengths", "mean=5500,p95=9000", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["pool_tokens"] == fp8.breakdown.pool_tokens and doc["device_chats"]["at_mean"] == fp8.device_fit.chats_at_mean
+    assert doc["pool_tokens"] == fp8.breakdown.pool_tokens
+    assert doc["device_chats"]["at_mean"] == fp8.device_fit.chats_at_mean
     bad = CliRunner().invoke(app, ["plan", "memory", "--model", str(path), "--gpu", "Z1"])
     assert bad.exit_code == 2 and "unknown GPU" in bad.output
 

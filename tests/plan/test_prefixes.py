@@ -27,7 +27,8 @@ def _req(system: str, user: str = "hi", tools: list[str] | None = None) -> dict:
 
 @pytest.mark.parametrize("kind, requests", [
     ("timestamp", [_req(f"Now: 2026-11-{d:02d} 10:{d:02d}. " + SYSTEM) for d in range(1, 6)]),
-    ("tool_order", [_req(SYSTEM, tools=o) for o in (["a", "b", "c"], ["c", "a", "b"], ["b", "c", "a"], ["a", "b", "c"])]),
+    ("tool_order", [_req(SYSTEM, tools=o)
+                    for o in (["a", "b", "c"], ["c", "a", "b"], ["b", "c", "a"], ["a", "b", "c"])]),
     ("per_user_field", [_req(SYSTEM + f"The user is {n}. " + SYSTEM) for n in ("ann", "bo", "cy", "dee")]),
 ])
 def test_each_divergence_is_named_and_fixing_it_restores_the_shared_prefix(kind, requests):
@@ -57,7 +58,8 @@ def test_cli_reports_all_three_kinds_and_the_rates():
     assert res.exit_code == 0, res.output
     for kind in ("timestamp", "tool_order", "per_user_field"):
         assert kind in res.output
-    rates = [float(x) for x in res.output.split("hit rate:")[1].split("fixed")[0].replace("as sent,", "").split("%")[:2]]
+    hit_rates = res.output.split("hit rate:")[1].split("fixed")[0].replace("as sent,", "")
+    rates = [float(x) for x in hit_rates.split("%")[:2]]
     assert rates[1] > rates[0] + 30
     stable = CliRunner().invoke(app, ["plan", "prefixes", str(FIXTURES / "stable_requests.jsonl")])
     assert stable.exit_code == 0 and "no divergence" in stable.output

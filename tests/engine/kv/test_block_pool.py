@@ -40,7 +40,7 @@ def test_cached_blocks_stay_findable_until_evicted_lru_tail_first():
     pool.free(blocks[::-1])  # tail first
     pool.check_integrity()
     assert pool.num_cached_blocks == 4 and pool.num_free_blocks == 4
-    assert all(pool.lookup(h) is b for h, b in zip(hashes, blocks))
+    assert all(pool.lookup(h) is b for h, b in zip(hashes, blocks, strict=True))
     # Needing one block evicts the tail (released first), not the head.
     (got,) = pool.allocate(1)
     assert got is blocks[3]

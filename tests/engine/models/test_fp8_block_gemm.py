@@ -2,6 +2,7 @@
 fp8_block_linear; on the CPU its torch reference): the same product as dequantizing, every
 block-scaled part sent through the GEMM, and back to dequantizing when it is taken away."""
 
+import pytest
 import torch
 
 from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
@@ -21,27 +22,27 @@ def _layer(bias: bool) -> FP8Linear:
     return layer
 
 
-def test_block_gemm_matches_dequantizing_and_sees_every_part():
-    for bias in (False, True):
-        layer = _layer(bias)
-        x = torch.randn(3, 5, 192)
-        want = layer(x)
-        calls = []
+@pytest.mark.parametrize("bias", [False, True])
+def test_block_gemm_matches_dequantizing_and_sees_every_part(bias):
+    layer = _layer(bias)
+    x = torch.randn(3, 5, 192)
+    want = layer(x)
+    calls = []
 
-        def gemm(x2, w, s, block):
-            calls.append((tuple(w.shape), block))
-            return fp8_block_linear(x2, w, s, block)
+    def gemm(x2, w, s, block):
+        calls.append((tuple(w.shape), block))
+        return fp8_block_linear(x2, w, s, block)
 
-        holder = torch.nn.Sequential(layer)
-        assert use_block_gemm(holder, gemm) == 1
-        got = layer(x)
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert calls == [((160, 192), (128, 128)), ((64, 192), (128, 128)), ((64, 192), (128, 128))]
-        use_block_gemm(holder, None)
-        calls.clear()
-        torch.testing.assert_close(layer(x), want)
-        assert not calls
+    holder = torch.nn.Sequential(layer)
+    assert use_block_gemm(holder, gemm) == 1
+    got = layer(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == [((160, 192), (128, 128)), ((64, 192), (128, 128)), ((64, 192), (128, 128))]
+    use_block_gemm(holder, None)
+    calls.clear()
+    torch.testing.assert_close(layer(x), want)
+    assert not calls
 
 
 def test_per_channel_layers_keep_their_own_path():

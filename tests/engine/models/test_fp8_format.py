@@ -19,7 +19,8 @@ def test_scale_shapes_count_partial_blocks():
     assert block.scale_shape(300, 128) == (3, 1) and block.scale_shape(100, 48) == (1, 1)
     assert block.scale_name == "weight_scale_inv"
     assert FP8WeightFormat("channel").scale_shape(300, 128) == (300, 1)
-    assert FP8WeightFormat("tensor").scale_count(300, 128) == 1 and FP8WeightFormat("tensor").scale_name == "weight_scale"
+    per_tensor = FP8WeightFormat("tensor")
+    assert per_tensor.scale_count(300, 128) == 1 and per_tensor.scale_name == "weight_scale"
 
 
 def test_unquantized_ignored_and_unsupported():

@@ -149,7 +149,7 @@ def test_paged_cache_matches_plain(tmp_path, tokenizer_files, name):
     loaded = load_model(folder, kernels="auto")
     seqs = [_ids(n, seed=n).tolist() for n in (37, 5, 23, 1, 16)]
     paged = _paged_logits(loaded, seqs, seed=len(name))
-    for tokens, got in zip(seqs, paged):
+    for tokens, got in zip(seqs, paged, strict=True):
         want = plain_logits(loaded, torch.tensor(tokens))
         assert (got - want).abs().max().item() <= 1e-4
 

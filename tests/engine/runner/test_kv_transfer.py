@@ -21,7 +21,7 @@ def test_store_then_load_round_trips_every_layer():
     plan = [KVTransfer(TransferDirection.LOAD, (2, 5), (3, 1)), KVTransfer(TransferDirection.STORE, (7,), (1,))]
     stats = tier.execute(plan)
     assert stats.blocks_loaded == 2 and stats.blocks_stored == 1
-    for c, (k, v) in zip(caches, before):
+    for c, (k, v) in zip(caches, before, strict=True):
         assert torch.equal(c.key[:, 2], k[:, 1]) and torch.equal(c.value[:, 2], v[:, 1])
         assert torch.equal(c.key[:, 5], k[:, 7]) and torch.equal(c.value[:, 5], v[:, 7])
         assert torch.equal(c.key[:, 0], k[:, 0])  # untouched blocks stay

@@ -91,7 +91,7 @@ def test_greedy_batched_chunked_equals_plain(loaded):
     runner = TorchRunner(loaded, NUM_BLOCKS, BLOCK)
     batched = _drive(runner, prompts, GREEDY, chunk=24)
     alone = _drive(TorchRunner(loaded, NUM_BLOCKS, BLOCK), prompts, GREEDY, chunk=1000, batch=False, seed=3)
-    for b, a, p in zip(batched, alone, prompts):
+    for b, a, p in zip(batched, alone, prompts, strict=True):
         ref = _plain_greedy(loaded.model, p, GREEDY.max_tokens)
         assert b["out"] == ref == a["out"]
     assert any(len(set(r["out"])) > 3 for r in batched)
