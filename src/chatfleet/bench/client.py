@@ -40,16 +40,17 @@ class ChatResult:
 
 
 def build_payload(cfg: ClientConfig, messages: list[dict], max_tokens: int) -> dict:
+    stream_options = {"include_usage": True}
+    if cfg.continuous_usage:
+        stream_options["continuous_usage_stats"] = True
     body = {
         "model": cfg.model,
         "messages": messages,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": stream_options,
         "max_tokens": max_tokens,
         "temperature": cfg.temperature,
     }
-    if cfg.continuous_usage:
-        body["stream_options"]["continuous_usage_stats"] = True
     if cfg.force_length:
         body["min_tokens"] = max_tokens
     body.update(cfg.extra_body)

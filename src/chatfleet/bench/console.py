@@ -6,7 +6,7 @@ import contextlib
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from chatfleet.bench.breakdown import Breakdown
@@ -55,7 +55,7 @@ class ProgressObserver(Observer):
         self.console = console or Console(stderr=True)
         self.label = label
         self.progress: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
         self.t_start = 0.0
         self.total = 0.0
         self.n = 0
@@ -74,7 +74,7 @@ class ProgressObserver(Observer):
     def record_done(self, rec: RequestRecord) -> None:
         self.n += 1
         self.errors += rec.status != "ok"
-        if self.progress is not None:
+        if self.progress is not None and self.task is not None:  # both set by run_started
             el = min(self.total, time.monotonic() - self.t_start)
             self.progress.update(self.task, completed=el, info=f"{self.n} req, {self.errors} err")
 
@@ -108,7 +108,8 @@ def summary_table(s: RunSummary, title: str = "run") -> Table:
 def run_facts(s: RunSummary) -> Table:
     t = Table(show_header=False, title="outcome")
     hits = "-" if s.hit_rate is None else f"{s.hit_rate:.1%}"
-    for k, v in (("requests", s.requests), ("ok / errors / 429 / timeouts", f"{s.ok} / {s.errors} / {s.rate_limited} / {s.timeouts}"),
+    outcomes = f"{s.ok} / {s.errors} / {s.rate_limited} / {s.timeouts}"
+    for k, v in (("requests", s.requests), ("ok / errors / 429 / timeouts", outcomes),
                  ("requests/s", f"{s.request_rate:.2f}"), ("output tokens/s", f"{s.output_tokens_per_s:.1f}"),
                  ("goodput (req/s in SLO)", f"{s.goodput:.2f}"), ("SLO attainment", f"{s.slo_attainment:.1%}"),
                  ("SLO", "met" if s.slo_passed else "broken"), ("prefix-cache hit rate", hits)):

@@ -188,7 +188,8 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     _print_knees(sweeps, con, cfg.kv_cache_tokens)
     knee_points = {n: next((p for p in s.points if p.level == s.knee), None) for n, s in sweeps.items()}
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-                "working_set_tokens_at_knee": {n: (working_set_tokens(p) if p else None) for n, p in knee_points.items()},
+                "working_set_tokens_at_knee": {n: (working_set_tokens(p) if p else None)
+                                               for n, p in knee_points.items()},
                 "engine_args": {s.name: list(s.args) for s in series}, "model_path": str(path),
                 "kv_budget_bytes": budget, "tuned_techniques": list(tuned.applied),
                 "tuned_techniques_missing": list(tuned.missing)}
@@ -204,10 +205,11 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
 def working_set_tokens(point: PointResult) -> float | None:
     """About how many tokens of context the live chats of a closed-loop point hold: live chats x
     the mean context (prompt + reply) of their requests (shared cards counted per chat)."""
-    recs = [r for run in point.kept for r in run.records if not r.warmup and r.prompt_tokens]
-    if not recs:
+    contexts = [r.prompt_tokens + r.output_tokens for run in point.kept for r in run.records
+                if not r.warmup and r.prompt_tokens]
+    if not contexts:
         return None
-    return point.level * sum(r.prompt_tokens + r.output_tokens for r in recs) / len(recs)
+    return point.level * sum(contexts) / len(contexts)
 
 
 def _why_no_knee(s: SweepResult) -> str:
@@ -224,7 +226,8 @@ def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int)
         knee = f"{s.knee:g} chats" if s.knee is not None else f"none ({_why_no_knee(s)})"
         shown = next((p for p in s.points if p.level == s.knee), None)
         ws = working_set_tokens(shown) if shown is not None else None
-        memory = f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool" if ws else ""
+        memory = (f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool"
+                  if ws else "")
         con.print(f"{n}: knee {knee}; per repeat {spread.describe()}{memory}")
         if s.knee is not None and not s.knee_reached:
             con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "

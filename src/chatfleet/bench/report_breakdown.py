@@ -7,8 +7,12 @@ point (else the highest one measured) with its repeats pooled (``PointResult.bre
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 from chatfleet.bench.breakdown import Breakdown, GroupStats
+
+if TYPE_CHECKING:  # matplotlib is imported only where a figure is drawn
+    from matplotlib.lines import Line2D
 
 
 def best_point(sweep: dict) -> dict | None:
@@ -75,7 +79,7 @@ def figure(series: dict[str, dict], labels: dict[str, str] | None = None):
     p50s = [g.ttft_p50 for _, bd in found.values() for g in (*bd.by_turn, *bd.by_pause)
             if g.ttft_p50 is not None and g.ttft_p50 != float("inf")]
     scale, unit = (1e3, "ms") if max(p50s, default=0.0) < 2.0 else (1.0, "s")
-    handles = []
+    handles: list[Line2D] = []
     for ax, attr, xlabel in ((axes[0], "by_turn", "turn index in the conversation"),
                              (axes[1], "by_pause", "pause before the turn")):
         twin = ax.twinx()
@@ -97,7 +101,7 @@ def figure(series: dict[str, dict], labels: dict[str, str] | None = None):
         twin.set_ylim(bottom=0)
     axes[0].set_title("By turn", fontsize=10), axes[1].set_title("By pause", fontsize=10)
     if handles:
-        fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=min(4, len(handles)),
+        fig.legend(handles, [str(h.get_label()) for h in handles], loc="lower center", ncol=min(4, len(handles)),
                    fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
         fig.subplots_adjust(bottom=0.28)
     return fig

@@ -184,7 +184,9 @@ def goodput_figure(series: dict[str, dict]):
             ax.axvline(sw["knee"], color=colour, ls=":", lw=1.5)
             ax.annotate(f"knee {sw['knee']:g}", (sw["knee"], 1 - 0.08 * (i + 1)), xycoords=("data", "axes fraction"),
                         color=colour, fontsize=8, ha="left", xytext=(3, 0), textcoords="offset points")
-    ax.set_xlabel(_load_label(series)), ax.set_ylabel("requests/s within the SLO"), ax.grid(alpha=0.3)
+    ax.set_xlabel(_load_label(series))
+    ax.set_ylabel("requests/s within the SLO")
+    ax.grid(alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.set_title("Goodput", fontsize=10)
     _style_load_axis(ax, _integer_loads(series))
@@ -208,7 +210,9 @@ def clocks_figure(series: dict[str, dict]):
                 ys += [s["clock_mhz"] if s["clock_mhz"] is not None else float("nan") for s in samples]
                 t_off += (samples[-1]["t_s"] if samples else 0.0) + 1.0
         ax.plot(xs, ys, ".", ms=3, color=COLOURS[i % len(COLOURS)], label=f"{labels[name]} ({_telemetry_source(sw)})")
-    ax.set_xlabel("seconds of measurement (runs back to back)"), ax.set_ylabel("MHz"), ax.grid(alpha=0.3)
+    ax.set_xlabel("seconds of measurement (runs back to back)")
+    ax.set_ylabel("MHz")
+    ax.grid(alpha=0.3)
     ax.set_title("Clock during runs", fontsize=10)
     _legend_below(fig, [ax])
     return fig, ("The processor's clock sampled during every run, runs back to back: a dip "

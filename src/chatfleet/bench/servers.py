@@ -99,7 +99,7 @@ def start_server(series: SeriesSpec, log_dir: Path, startup_timeout_s: float = 6
                       engine_args=series.args if series.kind == "chatfleet" else (),
                       extra_env=dict(series.env), log_dir=Path(log_dir), log_name=f"server-{series.name}",
                       startup_timeout_s=startup_timeout_s)
-    fleet = Fleet(cfg, prepare_model=_built_in) if series.kind == "chatfleet" else _VLLMProcess(cfg, series.python or Path(sys.executable),
-                                                                       series.args)
+    fleet = (Fleet(cfg, prepare_model=_built_in) if series.kind == "chatfleet"
+             else _VLLMProcess(cfg, series.python or Path(sys.executable), series.args))
     with fleet:
         yield fleet.url

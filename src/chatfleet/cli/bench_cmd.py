@@ -12,7 +12,7 @@ from rich.console import Console
 
 from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
-from chatfleet.bench.fleet import plan_fleet
+from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.slo import parse_slo
@@ -41,7 +41,8 @@ O_REPEATS = typer.Option(_P.repeats, "--repeats", help="Runs per load point (con
 O_SEED = typer.Option(0, "--seed", help="Base seed; every run gets a new one derived from it.")
 O_KIND = typer.Option(_P.server_kind, "--server-kind", help="chatfleet, vllm, sglang or none (cache reset).")
 O_NOVERIFY = typer.Option(False, "--no-verify-reset", help="Reset the prefix cache without verifying it.")
-O_FLOOR = typer.Option(None, "--clock-floor", help="Set aside runs whose clock fell below this (MHz, or a fraction <= 1 of max).")
+O_FLOOR = typer.Option(None, "--clock-floor",
+                       help="Set aside runs whose clock fell below this (MHz, or a fraction <= 1 of max).")
 O_TRANSPORT = typer.Option(_P.transport, "--transport", help="raw (asyncio, default) or httpx.")
 O_TRACE = typer.Option(None, "--trace", help="Replay an OpenAI-messages JSONL trace.")
 O_SHAREGPT = typer.Option(None, "--sharegpt", help="Replay ShareGPT JSON conversations.")
@@ -112,7 +113,8 @@ def bench(url: str = O_URL, level: float = typer.Option(8, "--level", help="Live
         make, counter = source.factory()
         Endpoint.parse(url)  # a clear error for a URL that is not http(s)://HOST:PORT
         check_reachable(url, proto.headers)
-        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
+        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature,
+                              request_timeout_s=request_timeout)
 
         point = _with_bench(proto, client, make, lambda b: b.run_point(level))
     except ChatfleetError as e:
@@ -161,7 +163,8 @@ def sweep_cmd(url: str = O_URL, start: float = typer.Option(2, "--start", help="
         make, counter = source.factory()
         Endpoint.parse(url)  # a clear error for a URL that is not http(s)://HOST:PORT
         check_reachable(url, proto.headers)
-        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature, request_timeout_s=request_timeout)
+        client = ClientConfig(model or discover_model(url, api_key), temperature=temperature,
+                              request_timeout_s=request_timeout)
 
         res = _with_bench(proto, client, make, lambda b: sweep(b, spec))
         fleet = plan_fleet(res.knee, peak, headroom, price) if peak and res.knee else None
@@ -193,12 +196,13 @@ def fleet_cmd(result: Path = typer.Argument(..., help="JSON result of `chatfleet
               gpus_per_replica: int = typer.Option(1, "--gpus-per-replica", help="GPUs one replica uses."),
               series: str | None = typer.Option(None, "--series", help="Which series of the result (default: all)."),
               level: float | None = typer.Option(None, "--level", help="Chats one replica holds, for a result "
-                                                 "without a measured knee (e.g. one `chatfleet bench` point).")) -> None:
+                                                 "without a measured knee (e.g. one `chatfleet bench` point)."),
+              ) -> None:
     """Fleet size from a sweep: replicas = ceil(peak x (1 + headroom) / knee), and the cost."""
     try:
         doc = load_result(result)
         names = [series] if series else list(doc["series"])
-        plans = {}
+        plans: dict[str, FleetPlan | None] = {}
         for n in names:
             if n not in doc["series"]:
                 raise ChatfleetError(f"no series {n!r} in {result}; it has: {', '.join(doc['series'])}")
@@ -228,7 +232,8 @@ def _knee_of(series: dict, name: str, level: float | None) -> float:
 
 def workload_cmd(profile: str = O_PROFILE, tokenizer: str | None = O_TOKENIZER, seed: int = O_SEED,
                  n: int = typer.Option(400, "--conversations", help="Conversations to sample."),
-                 export: Path | None = typer.Option(None, "--export", help="Write them as OpenAI-messages JSONL.")) -> None:
+                 export: Path | None = typer.Option(None, "--export", help="Write them as OpenAI-messages JSONL."),
+                 ) -> None:
     """Print a profile's statistics (calibrated with --tokenizer); optionally export a trace."""
     from chatfleet.bench.traces import export_jsonl
     from chatfleet.bench.workload_stats import describe

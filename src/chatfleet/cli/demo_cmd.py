@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -49,13 +50,14 @@ def demo(
     from chatfleet.bench.demo import run_demo
 
     try:
-        kw = {"out_dir": out_dir} if out_dir else {}
         tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
         cfg = DemoConfig(model=model, profile=profile, join=join, slo=slo, peak_chats=peak, headroom=headroom,
                          price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
                          warmup_s=warmup, start=start, max_points=max_points, repeats=repeats,
                          confidence=confidence or None, extend_up_to=extend_up_to, kv_cache_tokens=kv_cache_tokens,
-                         techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed, **kw)
+                         techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed)
+        if out_dir:  # else the config's own default: a new folder under runs/
+            cfg = replace(cfg, out_dir=out_dir)
         run_demo(cfg)
     except ChatfleetError as e:
         typer.echo(f"error: {e.message}", err=True)

@@ -15,7 +15,7 @@ import functools
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
 import click
@@ -77,10 +77,11 @@ def usage_line(err: usage.UsageError) -> str:
 class OneLineErrors(TyperGroup):
     """The top-level group: click's usage errors end in one ``error:`` line and exit 2."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,  # type: ignore[override]
-             **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: object) -> object:
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False,
+                              windows_expand_args=windows_expand_args, **extra)
         except usage.NoArgsIsHelpError as err:  # bare `chatfleet`: its help, as before
             click.echo(err.format_message())
             rv = 0

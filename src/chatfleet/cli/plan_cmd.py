@@ -45,7 +45,8 @@ def memory_cmd(
     block_size: int = typer.Option(16, "--block-size", help="KV block size in tokens."),
     profile: str = typer.Option("seed-roleplay", "--profile", help="Bench profile whose live-chat lengths to fit."),
     lengths: str | None = typer.Option(None, "--lengths", help="Instead of --profile: 'mean=5500,p95=9000'."),
-    with_towers: bool = typer.Option(False, "--with-towers", help="Serve vision/audio towers too (default: text only)."),
+    with_towers: bool = typer.Option(False, "--with-towers",
+                                     help="Serve vision/audio towers too (default: text only)."),
     catalog: Path | None = O_CATALOG,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
 ) -> None:
@@ -136,8 +137,8 @@ def prefixes_cmd(
     if not found:
         out.print("no divergence found among requests that should share a prefix", highlight=False, soft_wrap=True)
     for d in found:
-        out.print(f"  {d.kind}: {d.description} ({d.requests} requests), e.g. {d.example!r}", highlight=False, soft_wrap=True,
-                  markup=False)
+        out.print(f"  {d.kind}: {d.description} ({d.requests} requests), e.g. {d.example!r}", highlight=False,
+                  soft_wrap=True, markup=False)
     out.print(f"engine prefix-cache hit rate: {before.rate:.1%} as sent, {after.rate:.1%} fixed"
               f" ({before.cached_tokens:,} -> {after.cached_tokens:,} of {before.prompt_tokens:,} tokens)",
               highlight=False, soft_wrap=True)

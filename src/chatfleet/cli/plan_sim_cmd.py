@@ -25,7 +25,8 @@ O_WEIGHTS = typer.Option("bf16", "--weights", help="bf16, fp16, fp32 or fp8.")
 O_KV = typer.Option("auto", "--kv", help="KV cache dtype: auto (= weights), bf16, fp16, fp32, fp8.")
 O_FRACTION = typer.Option(None, "--memory-fraction", help="Budget = fraction x GPU memory - reserve (default 0.9).")
 O_BUDGET = typer.Option(None, "--budget", help="Bytes for weights + KV cache.")
-O_KVMEM = typer.Option(None, "--kv-cache-memory", help="The KV pool's bytes, as the engine's flag (instead of a budget).")
+O_KVMEM = typer.Option(None, "--kv-cache-memory",
+                       help="The KV pool's bytes, as the engine's flag (instead of a budget).")
 O_KVTOK = typer.Option(None, "--kv-cache-tokens", help="The KV pool in tokens, as the engine's flag.")
 O_HOST = typer.Option("0", "--host-cache-memory", help="Host-memory KV tier (e.g. '8GiB'; 0: none).")
 O_CAP = typer.Option(SchedulerConfig.max_running, "--max-running", help="Engine concurrency cap.")
@@ -55,8 +56,8 @@ def replica_from_options(model, gpu, catalog, weights, kv, memory_fraction, budg
     g = load_catalog(catalog).get(gpu)
     cfg, _ = read_model_config(model)
     kv_bytes = parse_memory_size(kv_cache_memory) if kv_cache_memory else None
-    b = None if (kv_bytes or kv_cache_tokens) else budget_for(g, memory_fraction, parse_memory_size(budget) if budget else None,
-                                                               DEFAULT_RESERVE)
+    b = (None if (kv_bytes or kv_cache_tokens)
+         else budget_for(g, memory_fraction, parse_memory_size(budget) if budget else None, DEFAULT_RESERVE))
     s = ServingConfig(weights=weights, kv=kv, budget_bytes=b, kv_cache_bytes=kv_bytes, kv_cache_tokens=kv_cache_tokens,
                       host_cache_bytes=parse_memory_size(host) if host not in ("0", "") else 0,
                       scheduler=SchedulerConfig(max_batched_tokens=max_batched_tokens, max_running=max_running))
@@ -67,8 +68,8 @@ def plan_sweep(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
                max_running: int = O_CAP, max_batched_tokens: int = O_TOKENS, profile: str = O_PROFILE,
-               tokenizer: str | None = O_TOKENIZER, slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION, warmup: float = O_WARMUP,
-               repeats: int = O_REPEATS, seed: int = O_SEED,
+               tokenizer: str | None = O_TOKENIZER, slo: str = O_SLO, mode: str = O_MODE, duration: float = O_DURATION,
+               warmup: float = O_WARMUP, repeats: int = O_REPEATS, seed: int = O_SEED,
                start: float = typer.Option(8, "--start", help="First load level."),
                max_level: float = typer.Option(4096, "--max", help="Highest load level to try."),
                growth: float = typer.Option(2.0, "--growth", help="Factor between levels until the SLO breaks."),
@@ -118,7 +119,8 @@ def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
                max_running: int = O_CAP, max_batched_tokens: int = O_TOKENS, profile: str = O_PROFILE,
                slo: str = O_SLO, duration: float = O_DURATION, warmup: float = O_WARMUP, seed: int = O_SEED,
                peak: int = typer.Option(..., "--peak", help="Peak live chats the fleet must hold (closed loop)."),
-               knee: float | None = typer.Option(None, "--knee", help="One replica's knee (default: simulate its sweep)."),
+               knee: float | None = typer.Option(None, "--knee",
+                                                 help="One replica's knee (default: simulate its sweep)."),
                max_extra: int = typer.Option(4, "--max-extra", help="Most replicas to add beyond the naive size."),
                routing: str = typer.Option("bounded_load", "--routing", help="Gateway routing policy."),
                load_factor: float = typer.Option(1.25, "--load-factor", help="bounded_load's c."),
@@ -152,13 +154,13 @@ def plan_fleet(model: str = O_MODEL, gpu: str = O_GPU, catalog: Path | None = O_
         _fail(e)
     from rich.table import Table
 
-    t = Table(title=f"{peak} peak chats on simulated {g.name} replicas (knee {knee:g} each), {routing} routing")
+    table = Table(title=f"{peak} peak chats on simulated {g.name} replicas (knee {knee:g} each), {routing} routing")
     for col in ("replicas", "SLO", "busiest / mean requests", "shed", "affinity broken"):
-        t.add_column(col)
+        table.add_column(col)
     for tr in sizing.trials:
-        t.add_row(str(tr.replicas), "met" if tr.passed else "broken", f"{tr.imbalance:.2f}", str(tr.shed),
-                  str(tr.affinity_broken))
-    out.print(t)
+        table.add_row(str(tr.replicas), "met" if tr.passed else "broken", f"{tr.imbalance:.2f}", str(tr.shed),
+                      str(tr.affinity_broken))
+    out.print(table)
     needed = "more than tried" if sizing.needed is None else str(sizing.needed)
     out.print(f"peak / chats per replica = {sizing.naive}; needed under the gateway's routing: {needed}"
               + ("" if sizing.extra is None else f" ({sizing.extra:+d})") + f"  ({wall:.1f} s of wall time)")
@@ -207,8 +209,10 @@ def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` 
                    kv: str = O_KV, memory_fraction: float | None = O_FRACTION, budget: str | None = O_BUDGET,
                    kv_cache_memory: str | None = O_KVMEM, kv_cache_tokens: int | None = O_KVTOK, host: str = O_HOST,
                    max_running: int = O_CAP, max_batched_tokens: int = O_TOKENS,
-                   series: str | None = typer.Option(None, "--series", help="Which series of the result (default: the first)."),
-                   out_catalog: Path = typer.Option(..., "--out", help="Write the calibrated GPU entry here (a catalog for --catalog)."),
+                   series: str | None = typer.Option(None, "--series",
+                                                     help="Which series of the result (default: the first)."),
+                   out_catalog: Path = typer.Option(
+                       ..., "--out", help="Write the calibrated GPU entry here (a catalog for --catalog)."),
                    ) -> None:
     """Fit the GPU's efficiency factors to one measured sweep (give the engine config it ran with)."""
     import yaml
@@ -235,20 +239,21 @@ def plan_calibrate(result: Path = typer.Argument(..., help="A `chatfleet sweep` 
         _fail(e)
     from rich.table import Table
 
-    t = Table(title=f"calibration of {g.name} on {result} ({fit.evaluations} candidates, {wall:.0f} s)")
-    for col in ("load", "itl p50 measured", "simulated", "itl p90 measured", "simulated", "ttft p50 measured", "simulated"):
-        t.add_column(col)
+    table = Table(title=f"calibration of {g.name} on {result} ({fit.evaluations} candidates, {wall:.0f} s)")
+    for col in ("load", "itl p50 measured", "simulated", "itl p90 measured", "simulated", "ttft p50 measured",
+                "simulated"):
+        table.add_column(col)
     for level in measured.levels:
         m, sim = measured.metrics[level], fit.simulated.get(level, {})
         row = [f"{level:g}"]
         for key in ("itl_p50", "itl_p90", "ttft_p50"):
             row += [f"{m.get(key, float('nan')) * 1e3:.1f} ms", f"{sim.get(key, float('nan')) * 1e3:.1f} ms"]
-        t.add_row(*row)
-    out.print(t)
-    e = fit.efficiency
-    out.print(f"efficiency: compute {e.compute:.3g}, memory {e.memory:.3g}, step overhead {e.step_overhead_ms:.3g} ms"
-              f" (rms log error {fit.error ** 0.5:.3f})")
-    entry = g.with_efficiency(e).to_yaml_entry()
+        table.add_row(*row)
+    out.print(table)
+    eff = fit.efficiency
+    out.print(f"efficiency: compute {eff.compute:.3g}, memory {eff.memory:.3g}, "
+              f"step overhead {eff.step_overhead_ms:.3g} ms (rms log error {fit.error ** 0.5:.3f})")
+    entry = g.with_efficiency(eff).to_yaml_entry()
     entry["source"] = f"{g.source}; efficiencies calibrated on {result.name}"
     out_catalog.write_text(yaml.safe_dump({"gpus": {g.name: entry}}, sort_keys=False))
     out.print(f"catalog: {out_catalog} (use with --catalog)")

@@ -91,7 +91,9 @@ class SuiteContext:
 
 
 Suite = Callable[[SuiteContext], Awaitable[SuiteResult]]
-SUITES = Registry[Suite]("gate suite")
+# A registry holds factories of its type: each suite registered is a Suite, so SUITES.make(name,
+# ctx) calls it and gives the awaitable of its result.
+SUITES = Registry[Awaitable[SuiteResult]]("gate suite")
 
 
 def error_rate_reason(errors: int, total: int, limit: float) -> str | None:

@@ -37,7 +37,8 @@ def read_model_config(model: str) -> tuple[dict[str, Any], str]:
         from chatfleet.engine.builtin_models.tiny import SIZES, resolve_model
 
         if model not in SIZES:
-            raise ConfigError(f"model {model!r} is neither a config.json, a model folder, nor one of {', '.join(SIZES)}")
+            raise ConfigError(f"model {model!r} is neither a config.json, a model folder, "
+                              f"nor one of {', '.join(SIZES)}")
         cfg_path = resolve_model(model) / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"no config.json in {path}")
@@ -62,7 +63,8 @@ def budget_for(gpu: GpuSpec, memory_fraction: float | None, budget: int | None, 
         raise ConfigError(f"--memory-fraction must be in (0, 1], got {fraction}")
     value = usable_bytes(gpu.memory_bytes, fraction, reserve)  # the engine's --gpu-memory-utilization split
     if value <= 0:
-        raise ConfigError(f"{fraction:g} of {gpu.name}'s memory minus a reserve of {reserve / 2**30:.2f} GiB leaves nothing")
+        raise ConfigError(f"{fraction:g} of {gpu.name}'s memory minus a reserve of {reserve / 2**30:.2f} GiB "
+                          "leaves nothing")
     return value
 
 
@@ -87,10 +89,12 @@ class MemoryReport:
         if self.host_pool is not None and self.host_fit is not None:
             tokens = min(p.num_tokens for p in self.host_pool.pools)
             lines.append(f"  host tier: {self.host_pool.num_bytes / 2**30:.2f} GiB, {tokens:,} tokens:"
-                         f" {self.host_fit.chats_at_mean:,} chats at the mean length, {self.host_fit.chats_at_p95:,} at p95")
+                         f" {self.host_fit.chats_at_mean:,} chats at the mean length,"
+                         f" {self.host_fit.chats_at_p95:,} at p95")
         v = self.vllm
         lines.append(f"vLLM (v1 rules, same KV memory): {v.num_blocks:,} blocks x {v.block_size} in {v.num_groups}"
-                     f" group(s) of {v.group_size} layers" + (f" ({v.padding_layers} padding)" if v.padding_layers else "")
+                     f" group(s) of {v.group_size} layers"
+                     + (f" ({v.padding_layers} padding)" if v.padding_layers else "")
                      + f"; KV cache size {v.kv_cache_tokens:,} tokens, max concurrency {v.max_concurrency:.2f}x"
                      f" at {v.max_model_len:,} tokens")
         return "\n".join(lines)

@@ -189,10 +189,11 @@ class FakeServer:
                 producer.cancel()
                 self.stats.disconnected += 1
             await asyncio.gather(producer, return_exceptions=True)
-            if producer.cancelled() or producer.exception() is not None:
-                if producer.exception() is not None:
-                    raise producer.exception()
+            if producer.cancelled():
                 return
+            failure = producer.exception()
+            if failure is not None:
+                raise failure
             self.stats.completed += 1
         finally:
             self.stats.active -= 1
@@ -212,6 +213,7 @@ class FakeServer:
         while sent < s.tokens:
             n = min(per_chunk, s.tokens - sent)
             if b.step:
+                assert self._steps is not None, "set on the first request"
                 await self._steps.acquire()
             else:
                 if sent:

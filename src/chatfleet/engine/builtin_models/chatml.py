@@ -124,7 +124,13 @@ def write_chat_tokenizer(out: Path, vocab_size: int) -> tuple[int, dict[str, int
     tokens) and each special token's id."""
     tok = train_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))
-    return tok.get_vocab_size(with_added_tokens=True), {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for t in SPECIAL_TOKENS:
+        tid = tok.token_to_id(t)
+        if tid is None:  # trained in as special tokens, so always there
+            raise RuntimeError(f"the trained tokenizer lacks its special token {t!r}")
+        ids[t] = tid
+    return tok.get_vocab_size(with_added_tokens=True), ids
 
 
 def write_chat_files(out: Path, token_ids: dict[str, int], max_len: int) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype, weight_files
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import FP8Linear
-from chatfleet.engine.models.gemma4 import Gemma4ForCausalLM
+from chatfleet.engine.models.gemma4 import Gemma4DecoderLayer, Gemma4ForCausalLM
 from chatfleet.engine.models.gemma4_config import Gemma4Config
 from chatfleet.engine.models.linear import Linear, resolve_kernel_backend
 from chatfleet.engine.tokenizer import ChatTokenizer
@@ -57,6 +57,13 @@ def _tower_prefix(name: str) -> str:
     return ".".join(parts[:2]) if parts[0] == "model" else parts[0]
 
 
+def _decoder_layer(model: Gemma4ForCausalLM, index: int) -> Gemma4DecoderLayer:
+    """``model.layers[index]`` with its type (a ModuleList gives back a plain Module)."""
+    layer = model.layers[index]
+    assert isinstance(layer, Gemma4DecoderLayer)
+    return layer
+
+
 class _Targets:
     """Our parameters, and which parts of fused ones have been filled."""
 
@@ -67,7 +74,7 @@ class _Targets:
 
     def copy(self, name: str, tensor: torch.Tensor, rows: tuple[int, int] | None = None,
              hf_name: str = "") -> None:
-        target = self.params.get(name)
+        target: torch.Tensor | None = self.params.get(name)
         if target is None:
             raise ConfigError(f"unexpected weight {hf_name or name!r} for this config")
         key = name
@@ -91,9 +98,9 @@ class _Targets:
     def _fused_rows(self, name: str) -> list[tuple[int, int]] | None:
         bits = name.split(".")
         if len(bits) >= 4 and bits[0] == "layers" and bits[2:4] == ["self_attn", "qkv_proj"]:
-            sizes = self.model.layers[int(bits[1])].self_attn.qkv_part_sizes()
+            sizes = _decoder_layer(self.model, int(bits[1])).self_attn.qkv_part_sizes()
         elif len(bits) >= 4 and bits[0] == "layers" and bits[2:4] == ["mlp", "gate_up_proj"]:
-            inter = self.model.layers[int(bits[1])].mlp.intermediate_size
+            inter = _decoder_layer(self.model, int(bits[1])).mlp.intermediate_size
             sizes = [inter, inter]
         else:
             return None
@@ -117,7 +124,7 @@ def _load_text_tensor(t: _Targets, local: str, tensor: torch.Tensor, hf_name: st
     bits = local.split(".")
     if bits[0] == "layers" and len(bits) >= 4:
         layer, module = int(bits[1]), bits[2]
-        attn = t.model.layers[layer].self_attn if layer < len(t.model.layers) else None
+        attn = _decoder_layer(t.model, layer).self_attn if layer < len(t.model.layers) else None
         if module == "self_attn" and bits[3] in _QKV and attn is not None:
             if attn.shared:
                 if bits[3] != "q_proj":
@@ -187,7 +194,7 @@ def _fp8_part_sizes(model: Gemma4ForCausalLM, name: str, module: Linear) -> list
     an expert's ``gate_up_proj`` is one checkpoint tensor (one scale grid)."""
     leaf = name.rpartition(".")[2]
     if leaf == "qkv_proj":
-        return model.layers[int(name.split(".")[1])].self_attn.qkv_part_sizes()
+        return _decoder_layer(model, int(name.split(".")[1])).self_attn.qkv_part_sizes()
     if leaf == "gate_up_proj" and ".mlp." in name:
         half = module.out_features // 2
         return [half, half]
@@ -211,6 +218,7 @@ def quantize_linears_fp8(model: Gemma4ForCausalLM, fmt: FP8WeightFormat) -> int:
                 fp8.set_part(i, module.weight[row : row + n].float())
                 row += n
             if module.bias is not None:
+                assert fp8.bias is not None  # built with bias=True just above
                 fp8.bias.copy_(module.bias)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, fp8)

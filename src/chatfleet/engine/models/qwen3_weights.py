@@ -113,7 +113,7 @@ def load_weights(model: Qwen3ForCausalLM, folder: Path, fmt: FP8WeightFormat | N
                     continue
                 if name not in params:
                     raise ConfigError(f"unexpected weight {hf_name!r} in {file.name} for this config")
-                target = params[name]
+                target: torch.Tensor = params[name]
                 if part is not None:
                     kind = next(k for k in part_sizes if k in name)
                     sizes = part_sizes[kind]
@@ -125,11 +125,11 @@ def load_weights(model: Qwen3ForCausalLM, folder: Path, fmt: FP8WeightFormat | N
     loaded |= _place_fp8(model, fp8_weights, fp8_scales, fmt, part_sizes)
     expected: set[tuple[str, int | None]] = set()
     for name in params:
-        kind = next((k for k in part_sizes if k in name), None)
-        if kind is None:
+        fused_kind = next((k for k in part_sizes if k in name), None)
+        if fused_kind is None:
             expected.add((name, None))
         else:
-            expected.update((name, i) for i in range(len(part_sizes[kind])))
+            expected.update((name, i) for i in range(len(part_sizes[fused_kind])))
     for module_name, module in modules.items():
         if isinstance(module, FP8Linear):
             fused = len(module.part_sizes) > 1
@@ -169,11 +169,12 @@ def _place_fp8(model: Qwen3ForCausalLM, weights: dict[tuple[str, int | None], to
         else:  # a module the model keeps in 16/32 bits: dequantize into it
             if fmt is None:
                 raise ConfigError(f"{name} is FP8 but config.json declares no FP8 quantization_config")
-            target = params[name]
+            target: torch.Tensor = params[name]
             if part is not None:
                 sizes = part_sizes[next(k for k in part_sizes if k in name)]
                 target = target.narrow(0, sum(sizes[:part]), sizes[part])
             _check_shape(name, w, target)
+            assert scale is not None  # every weight here is FP8, and one without a scale was refused above
             with torch.no_grad():
                 dequantize_weight(w, scale, fmt, target.dtype, target)
         loaded.add((name, part))
