@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from chatfleet.bench.report import result_document
@@ -122,14 +124,20 @@ def test_fleet_refuses_a_result_without_a_knee_unless_told_the_level(tmp_path):
     assert sized.exit_code == 0 and "10" in sized.output
 
 
-@pytest.mark.parametrize("command", [["bench"], ["sweep"], ["fleet"], ["workload"], ["gateway"], ["serve"],
-                                     ["demo"], ["gate"], ["model", "tiny"], []])
+@pytest.mark.parametrize("command", [["engine"], ["bench"], ["sweep"], ["fleet"], ["workload"], ["gateway"],
+                                     ["serve"], ["demo"], ["gate"], ["model", "tiny"], []])
 def test_help_reads_at_80_columns(command):
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert all(len(line) <= 80 for line in lines)
     assert not [line for line in lines if "…" in line], "help cuts a flag name or a word at 80 columns"
+    shown = typer.main.get_command(app)
+    for name in command:
+        shown = shown.commands[name]
+    flags = [o for p in shown.params if not getattr(p, "hidden", False) for o in (*p.opts, *p.secondary_opts)]
+    missing = [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", result.output)]
+    assert not missing, f"help leaves out {missing}"
 
 
 def test_plan_memory_takes_the_one_size_syntax():

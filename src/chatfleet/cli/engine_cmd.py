@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperCommand
 
 from chatfleet.cli.errors import check_port
 from chatfleet.engine.api.options import API_KEY_ENV, ServerOptions
@@ -32,7 +35,8 @@ def engine(
         _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
     ),
     kv_cache_dtype: str = typer.Option(
-        _E.kv_cache_dtype, "--kv-cache-dtype", help="KV cache dtype: auto (the model's), float32, bfloat16, float16, fp8."
+        _E.kv_cache_dtype, "--kv-cache-dtype",
+        help="KV cache dtype: auto (the model's), float32, bfloat16, float16, fp8.",
     ),
     kv_scales_from_prompts: int | None = typer.Option(
         None, "--kv-scales-from-prompts", help="FP8 cache: measure K/V scales from the first N prompt tokens."
@@ -166,6 +170,19 @@ def engine(
         raise typer.Exit(2) from None
 
 
+class PlainHelpCommand(TyperCommand):
+    """A command whose ``--help`` is click's plain two-column list instead of rich's table.
+
+    The engine has some forty flags, several over 20 characters and two ``--x/--no-x`` pairs:
+    at 80 columns rich's table shrinks its name, negative-name and help columns to one width
+    each (about 20) and cuts the longer flag names with an ellipsis. Click's list puts a long
+    name on its own line and wraps the help under it, so every flag reads in full."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rich_markup_mode = None
+
+
 def register(app: typer.Typer) -> None:
     """Add the `engine` command to `app`."""
-    app.command("engine")(engine)
+    app.command("engine", cls=PlainHelpCommand)(engine)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from chatfleet.errors import ChatfleetError
 from chatfleet.gate.client import SamplingSettings
@@ -23,8 +23,9 @@ COLOURS = {"pass": "green", "fail": "red", "invalid": "yellow", "inconclusive": 
 def gate(
     baseline: str = typer.Option(..., "--baseline", help="URL of the stock server, e.g. http://127.0.0.1:8000"),
     candidate: str = typer.Option(..., "--candidate", help="URL of the server under test."),
-    suite: str = typer.Option("gsm8k,tools,tools_required,roleplay", "--suite",
-                              help="Comma-separated: gsm8k, tools, tools_required, roleplay."),
+    # The default is shown in words: as one comma-joined word it cannot wrap and was cut at 80 columns.
+    suite: str = typer.Option("gsm8k,tools,tools_required,roleplay", "--suite", show_default=False,
+                              help="Comma-separated: gsm8k, tools, tools_required, roleplay (default: all four)."),
     out: Path | None = typer.Option(None, "--out", help="Folder for the JSONL, summary.json and report.html."),
     baseline_api_key: str | None = typer.Option(None, "--baseline-api-key", envvar="GATE_BASELINE_API_KEY"),
     candidate_api_key: str | None = typer.Option(None, "--candidate-api-key", envvar="GATE_CANDIDATE_API_KEY"),
@@ -51,7 +52,8 @@ def gate(
     con = Console(stderr=True)
     try:
         config = GateConfig(
-            ServerSpec(baseline, baseline_api_key, baseline_model), ServerSpec(candidate, candidate_api_key, candidate_model),
+            ServerSpec(baseline, baseline_api_key, baseline_model),
+            ServerSpec(candidate, candidate_api_key, candidate_model),
             suites=tuple(s.strip() for s in suite.split(",") if s.strip()), out_dir=out, concurrency=concurrency,
             timeout_s=timeout, sampling=SamplingSettings(seed=seed),
             settings=SuiteSettings(seed=seed, aa_items=aa_items, gsm8k_path=gsm8k, gsm8k_fewshot_path=gsm8k_fewshot,
@@ -63,7 +65,7 @@ def gate(
             raise ChatfleetError("the gsm8k suite needs --gsm8k PATH (or leave it out of --suite)")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=con, transient=False) as bar:
-            tasks: dict[str, int] = {}
+            tasks: dict[str, TaskID] = {}
 
             def total(name: str, n: int) -> None:
                 if name not in tasks:
