@@ -19,7 +19,8 @@ side; and the 24-session eviction replay's target (``eviction_replay.py``).
 Defaults (each a flag): ``small`` in float32 with 1 thread per engine; a device KV budget of
 6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; 8 to 64
 chats in at most 6 points; the tuned series' cap at 8 running requests (about what that pool
-holds at once) and a 1 GiB host tier (every live chat's history at the knee); SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
+holds at once) and a 1 GiB host tier (every live chat's history at the knee);
+SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
 long-session profile with its mean pause between turns raised from 2.5 s to 8 s. At 2.5 s a
 pause is only 2-3 times a turn's own time on these cores; real chat users pause for 20 s and
 more between turns of a few seconds, and it is in those pauses that a stock engine loses the
@@ -51,8 +52,6 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eviction_replay import target_check  # noqa: E402  (same folder)
-
 from chatfleet.bench.demo import DemoConfig, kv_budget_bytes, sweep_series  # noqa: E402
 from chatfleet.bench.knee import knee_spread  # noqa: E402
 from chatfleet.bench.loops import JOINS  # noqa: E402
@@ -60,6 +59,7 @@ from chatfleet.bench.replay import ReplayConfig, TraceSpec, make_trace, replay  
 from chatfleet.bench.report import sweep_to_dict, write_json  # noqa: E402
 from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
 from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args  # noqa: E402
+from eviction_replay import target_check  # noqa: E402  (same folder)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SERIES = ("vllm", "stock", "host_tier", "session_eviction", "lpm", "cap", "all")

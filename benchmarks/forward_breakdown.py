@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.loader import load_model
 
     result: dict = {"load_average_at_start": load_average(), "threads": args.threads, "model": args.model,
                     "torch": torch.__version__, "shapes": {}}

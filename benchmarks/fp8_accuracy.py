@@ -27,6 +27,7 @@ import torch
 
 from chatfleet.bench.tokens import HFTokenCounter
 from chatfleet.bench.workload import Workload, get_profile
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.attention import KVCache, build_attention_metadata
@@ -35,7 +36,6 @@ from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import KVScales
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 try:
     from common import RESULTS_DIR
@@ -107,14 +107,14 @@ def evaluate(model: str, option: Option, seqs: list[list[int]], reply_starts: li
                         embedding_dtype=option.embedding_dtype)
     n_layers = loaded.config.num_layers
     if option.kv == "fp8":
-        scales = (measure_kv_scales(loaded.model, [s[:rs] for s, rs in zip(seqs, reply_starts)], 2048,
+        scales = (measure_kv_scales(loaded.model, [s[:rs] for s, rs in zip(seqs, reply_starts, strict=True)], 2048,
                                     torch.device("cpu"))
                   if option.kv_scales == "prompts" else KVScales.ones(n_layers))
         kv_dtype = FP8
     else:
         scales, kv_dtype = KVScales.ones(n_layers), loaded.dtype
     logits, nll, n_reply = [], 0.0, 0
-    for seq, rs in zip(seqs, reply_starts):
+    for seq, rs in zip(seqs, reply_starts, strict=True):
         lg = paged_logits(loaded, seq, kv_dtype, scales).float()
         logits.append(lg)
         lp = lg[rs - 1 : len(seq) - 1].log_softmax(-1)

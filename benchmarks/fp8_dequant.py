@@ -31,12 +31,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.models.checkpoint import read_hf_config
 from chatfleet.engine.models.fp8_cast import fp8_placed, fp8_to_down
 from chatfleet.engine.models.fp8_format import FP8WeightFormat
 from chatfleet.engine.models.fp8_linear import _scale_tiles, dequantize_weight, fold_scale, quantize_weight
 from chatfleet.engine.models.qwen3 import Qwen3Config
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 try:
     from common import RESULTS_DIR

@@ -319,7 +319,8 @@ def main() -> None:
                   f"TTFT p99 {held['ttft_ms'].get('p99')} ms")
         result = {"benchmark": "gateway_overhead", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "machine": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-                  "settings": {k: str(v) for k, v in vars(args).items()}, "probe": probe, "levels": levels, "hold": held}
+                  "settings": {k: str(v) for k, v in vars(args).items()}, "probe": probe, "levels": levels,
+                  "hold": held}
         args.out.write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")
     finally:

@@ -116,7 +116,8 @@ def knee_section(args: argparse.Namespace, con: Console, run_dir: Path, model_di
                 continue
             pt = next((p for p in res.points if p.level == res.knee), None)
             rows[name] = {
-                "fraction": frac_s, "keep_slid_out_blocks": keep == "on", "pools": split_plan(model_dir, budget, fraction),
+                "fraction": frac_s, "keep_slid_out_blocks": keep == "on",
+                "pools": split_plan(model_dir, budget, fraction),
                 "knee": res.knee, "knee_reached": res.knee_reached,
                 "goodput": pt.intervals["goodput"].mean if pt else None,
                 "hit_rate": pt.intervals["hit_rate"].mean if pt and "hit_rate" in pt.intervals else None,
@@ -319,9 +320,9 @@ def tps_section(args: argparse.Namespace, con: Console) -> dict:
 
 # ---- the text-only load ----------------------------------------------------------------------
 def text_section(args: argparse.Namespace, con: Console) -> dict:
+    from chatfleet.engine.builtin_models.tiny import resolve_model
     from chatfleet.engine.models.loader import load_model
     from chatfleet.engine.sizing.memory import memory_breakdown
-    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     folder = resolve_model(args.multimodal)
     t0 = time.perf_counter()

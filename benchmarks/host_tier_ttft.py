@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BS = 16
@@ -116,7 +116,8 @@ def main() -> int:
     med = {name: statistics.median(r["ttft_s"] for r in rs) for name, rs in rows.items()}
     print(f"model {args.model}, history {args.history} tokens + {args.new} new, KV {per_token} B/token,"
           f" {args.threads} thread(s), median of {args.repeats} (machine shared: ratios, not absolutes)")
-    print(f"{'setup':<10} {'TTFT ms':>9} {'x recompute':>12} {'cached tok':>11} {'promoted blk':>13} {'load ms':>8} {'store ms':>9}")
+    print(f"{'setup':<10} {'TTFT ms':>9} {'x recompute':>12} {'cached tok':>11} {'promoted blk':>13}"
+          f" {'load ms':>8} {'store ms':>9}")
     for name, rs in rows.items():
         r = rs[-1]
         print(f"{name:<10} {med[name] * 1e3:9.1f} {med['recompute'] / med[name]:12.1f} {r['cached_tokens']:>11}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -92,7 +93,8 @@ async def measure(url: str, server_pid: int, transport: str, chats: int, duratio
     c1, s1 = schedstat(), schedstat(server_pid)
     await t.close()
     ttft = np.array([(s[0][0] - s[0][1]) / 1e6 for s in streams.values()]) if streams else np.zeros(1)
-    itl = np.array([abs((r1 - r0) - (s1 - s0)) / 1e6 for s in streams.values() for (r0, s0), (r1, s1) in zip(s, s[1:])])
+    itl = np.array([abs((r1 - r0) - (s1 - s0)) / 1e6
+                    for s in streams.values() for (r0, s0), (r1, s1) in itertools.pairwise(s)])
     recs = [r for r in res.records if not r.warmup]
     chunks = sum(len(s) for s in streams.values())
     return {
@@ -164,7 +166,8 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     print(f"\n{'loop':8} {'transport':9} {'chats':>5} {'in flight':>9} {'chunks/s':>8} {'cpu':>5} "
-          f"{'TTFT err p50/p99/max ms':>24} {'ITL err p50/p99/max ms':>23} {'failed':>6} {'srv cpu':>7} {'cli/srv wait':>12}")
+          f"{'TTFT err p50/p99/max ms':>24} {'ITL err p50/p99/max ms':>23} {'failed':>6} {'srv cpu':>7}"
+          f" {'cli/srv wait':>12}")
     for r in rows:
         t, i = r["ttft_error_ms"], r["itl_error_ms"] or {"p50": 0, "p99": 0, "max": 0}
         print(f"{r['loop']:8} {r['transport']:9} {r['chats']:5d} {r['streams_in_flight_mean'] or 0:9.0f} "

@@ -44,9 +44,9 @@ from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sources import WorkloadSource, run_async
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.workload import get_profile
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 try:
     from common import RESULTS_DIR
@@ -152,6 +152,13 @@ def knee_text(row: dict) -> str:
     return f"{'>=' if not row.get('knee_reached', True) else ''}{knee:g}"
 
 
+def _knee_ratio(row: dict, knee_x: float | None) -> str:
+    """The knee over the first row's, ">=" where the sweep never broke the SLO."""
+    if not knee_x:
+        return "-"
+    return ("" if row.get("knee_reached", True) else ">=") + f"{knee_x:.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="small")
@@ -181,7 +188,8 @@ def main() -> None:
     rows = []
     for p in PRECISIONS:
         b = breakdown(config, p, budget)
-        row: dict = {"precision": p.name, "engine": "vLLM CPU" if p.vllm else "chatfleet", "flags": list(p.engine_flags())}
+        row: dict = {"precision": p.name, "engine": "vLLM CPU" if p.vllm else "chatfleet",
+                     "flags": list(p.engine_flags())}
         if isinstance(b, str):
             row["does_not_fit"] = b
             rows.append(row)
@@ -223,7 +231,7 @@ def main() -> None:
         knee_x = knee / base["knee"] if knee is not None and base.get("knee") else None
         print(f"{r['precision']:<22}{r['weight_mib']:>12.1f}{r['pool_tokens']:>11,}{pool_x:>8.2f}"
               + "".join(f"{tps.get(str(s), float('nan')):>11.1f}" for s in args.streams)
-              + f"{knee_text(r):>7}{(('>=' if not r.get('knee_reached', True) else '') + f'{knee_x:.2f}' if knee_x else '-'):>8}")
+              + f"{knee_text(r):>7}{_knee_ratio(r, knee_x):>8}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "precision.json"
     path.write_text(json.dumps({"model": args.model, "budget_bytes": budget, "profile": args.profile,

@@ -53,7 +53,7 @@ from chatfleet.protocol.sse import DataSplitter
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import ServerProcess, load_average, percentile
+from common import ServerProcess, load_average, percentile  # noqa: E402  (benchmarks/ on sys.path first)
 
 CLI = [sys.executable, "-m", "chatfleet.cli.main"]
 
@@ -344,7 +344,10 @@ def summarize(run: dict, args: argparse.Namespace, knee: KneeCap, users: int, sl
     slo_values = {t.key: stat_of({"ttft": ttfts, "itl": itls}[t.metric], t.stat) for t in slo.targets}
     refused = [o for o in chats if o.kind == "refused"]
     final = run["final_status"]
-    pct = lambda xs, q: None if not xs else round(1e3 * percentile(xs, q), 1)
+
+    def pct(xs: list[float], q: float) -> float | None:
+        return None if not xs else round(1e3 * percentile(xs, q), 1)
+
     finite = [x for x in ttfts if x != inf]
     return {
         "knee": asdict(knee), "replicas": 2, "users": users, "duration_s": args.duration,
@@ -437,7 +440,8 @@ def main() -> None:
     p.add_argument("--kill-at", type=float, default=0.5, help="share of the duration")
     p.add_argument("--storm-at", type=float, default=0.75, help="share of the duration")
     p.add_argument("--storm-size", type=int, default=200)
-    p.add_argument("--warmup-share", type=float, default=0.3, help="share of the duration left out of SLO and memory figures (engines fill their pools and caches)")
+    p.add_argument("--warmup-share", type=float, default=0.3,
+                   help="share of the duration left out of SLO and memory figures (engines fill their pools and caches)")
     p.add_argument("--memory-every", type=float, default=5.0)
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--engine-arg", action="append", default=[], help="extra `chatfleet engine` flag")
