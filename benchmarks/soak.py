@@ -441,7 +441,7 @@ def main() -> None:
     p.add_argument("--storm-at", type=float, default=0.75, help="share of the duration")
     p.add_argument("--storm-size", type=int, default=200)
     p.add_argument("--warmup-share", type=float, default=0.3,
-                   help="share of the duration left out of SLO and memory figures (engines fill their pools and caches)")
+                   help="share of the duration left out of SLO and memory figures (engines fill pools, caches)")
     p.add_argument("--memory-every", type=float, default=5.0)
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--engine-arg", action="append", default=[], help="extra `chatfleet engine` flag")
