@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -19,6 +19,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
 
 from chatfleet.errors import InvalidRequestError
 
@@ -26,6 +27,16 @@ MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI's own limit is lower
 MAX_ID_CHARS = 256  # model names, user ids, cache salts
+
+
+def integral(v: object) -> object:
+    """JSON Schema's integers include 2.0: an integral float is that integer (1.5 stays refused),
+    in lists too (token ids)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+        return int(v)
+    if isinstance(v, list):
+        return [integral(x) for x in v]
+    return v
 
 
 def random_id(prefix: str) -> str:
@@ -71,6 +82,17 @@ class FunctionDefinition(_Wire):
 class ToolDefinition(_Wire):
     type: Literal["function"] = "function"
     function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Wire):
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    """``tool_choice`` naming the one function the reply must call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class FunctionCall(_Wire):
@@ -139,16 +161,25 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+# Rules between fields, as JSON Schema states them (the validators below enforce them).
+STREAM_OPTIONS_RULE = {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+                       "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+TOOL_CHOICE_RULE = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
+                    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}
+
+
 class SamplingFields(_Wire):
     """Sampling fields shared by chat and legacy completions (OpenAI + vLLM extensions)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [STREAM_OPTIONS_RULE]})
 
     model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # extension
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    seed: int | None = None  # any integer; the engine draws from it modulo 2**64
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # extension
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # extension
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -157,13 +188,21 @@ class SamplingFields(_Wire):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)  # extension (HF/vLLM)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # extension
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema({  # token id (as a string) -> bias
+        "anyOf": [{"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,12}$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+                  {"type": "null"}]})] = None
     response_format: ResponseFormat | None = None
     min_tokens: int = Field(default=0, ge=0)  # extension
     ignore_eos: bool = False  # extension
     include_stop_str_in_output: bool = False  # extension
     cache_salt: str | None = Field(default=None, max_length=MAX_ID_CHARS)  # extension: prefix-cache key
     return_tokens_as_token_ids: bool = False  # extension: logprob tokens as "token_id:N"
+
+    @field_validator("top_k", "seed", "n", "min_tokens", "stop_token_ids", mode="before")
+    @classmethod
+    def _integral(cls, v: object) -> object:
+        return integral(v)
 
     @field_validator("logit_bias")
     @classmethod
@@ -211,6 +250,9 @@ class SamplingFields(_Wire):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow", strict=True,
+                              json_schema_extra={"allOf": [STREAM_OPTIONS_RULE, TOOL_CHOICE_RULE]})
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -218,7 +260,12 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension
     tools: list[ToolDefinition] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+    @field_validator("max_tokens", "max_completion_tokens", "top_logprobs", mode="before")
+    @classmethod
+    def _integral_chat(cls, v: object) -> object:
+        return integral(v)
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatCompletionRequest:
@@ -236,7 +283,12 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-PromptType = str | list[int] | list[str] | list[list[int]]
+_TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# Validated by CompletionRequest._prompt (plain messages); the schema says the same rules.
+PromptType = Annotated[str | list[int] | list[str] | list[list[int]], WithJsonSchema({"anyOf": [
+    {"type": "string", "minLength": 1}, _TOKEN_IDS_SCHEMA,
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+    {"type": "array", "items": _TOKEN_IDS_SCHEMA, "minItems": 1}]})]
 
 
 class CompletionRequest(SamplingFields):
@@ -247,9 +299,16 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
 
+    @field_validator("max_tokens", "logprobs", "best_of", "prompt", mode="before")
+    @classmethod
+    def _integral_completion(cls, v: object) -> object:
+        return integral(v)
+
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v: PromptType) -> PromptType:
+        if v == "" or (isinstance(v, list) and any(p == "" for p in v)):
+            raise ValueError("prompt must not be empty")
         if isinstance(v, list):
             if not v:
                 raise ValueError("prompt must not be empty")
@@ -274,7 +333,7 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(_Wire):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_generation_prompt: bool = True
 
     @model_validator(mode="after")

@@ -24,7 +24,19 @@ from chatfleet.errors import InvalidRequestError
 
 MAX_DEPTH = 64
 MAX_NUMBER_DIGITS = 400
-OFF_LOOP_BYTES = 256 << 10  # bodies at least this large parse on a worker thread
+OFF_LOOP_BYTES = 256 << 10  # bodies at least this large parse on a worker thread, one at a time
+_large_parses: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _one_large_parse() -> asyncio.Semaphore:
+    """One large body parses at a time per loop: ``json.loads`` holds the GIL, and a hundred
+    parsing threads at once would leave every other thread of the process (the engine's step
+    loop) one turn in a hundred."""
+    loop = asyncio.get_running_loop()
+    sem = _large_parses.get(loop)
+    if sem is None:
+        sem = _large_parses[loop] = asyncio.Semaphore(1)
+    return sem
 
 
 def _parse_int(text: str) -> int:
@@ -134,7 +146,8 @@ class SafeJSONRoute(APIRoute):
                 if body:
                     check_json_content_type(request.headers.get("content-type"))
                     if len(body) >= OFF_LOOP_BYTES:
-                        value = await asyncio.to_thread(parse_json_body, body)
+                        async with _one_large_parse():
+                            value = await asyncio.to_thread(parse_json_body, body)
                     else:
                         value = parse_json_body(body)
                     request._json = value  # Starlette's cache: FastAPI's request.json() returns it

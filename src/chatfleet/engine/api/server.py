@@ -16,13 +16,13 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.auth import Authenticator, Tenant
 from chatfleet.engine.api.fanout import interleave, merge_responses, plan_choices, start_choices
 from chatfleet.engine.api.metrics import CONTENT_TYPE
-from chatfleet.engine.api.openapi import ERROR_RESPONSES, install_openapi
+from chatfleet.engine.api.openapi import ERROR_RESPONSES, GENERATION_RESPONSES, install_openapi
 from chatfleet.engine.api.options import ServerOptions
 from chatfleet.engine.api.prompts import PromptBuilder
 from chatfleet.engine.api.requests import (
@@ -132,12 +132,12 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
     app.router.route_class = SafeJSONRoute
     app.state.chatfleet = state
     install_exception_handlers(app)
-    install_openapi(app)
+    install_openapi(app, engine.tokenizer.vocab_size, engine.max_model_len)
     app.add_middleware(AuthMiddleware, auth=Authenticator(options.api_keys, salt_per_key=options.salt_cache_per_key))
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes)
     tok = engine.tokenizer
 
-    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         async def handle() -> Response:
             deadline = Deadline(options.request_timeout_s)
@@ -167,7 +167,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
 
         return await cancel_on_disconnect(request, handle())
 
-    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         async def handle() -> Response:
             deadline = Deadline(options.request_timeout_s)
@@ -219,7 +219,7 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
             raise EngineUnavailableError("the engine loop is not running; the server log has the cause")
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         stats = await engine.stats() if engine.is_alive else None
         body = state.metrics.render(stats, alive=engine.is_alive, open_requests=state.open_requests)

@@ -112,7 +112,7 @@ def _common(req: SamplingFields, grammar: RequestGrammar | None) -> dict[str, An
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=0 if req.top_k is None else req.top_k,
-        seed=req.seed,
+        seed=None if req.seed is None else req.seed % 2**64,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         stop=tuple(req.stop_list),

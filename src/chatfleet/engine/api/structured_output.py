@@ -50,12 +50,8 @@ def forced_tools(req: ChatCompletionRequest) -> tuple[list[ToolDefinition], bool
     tools = list(req.tools or ())
     if choice == "required":
         return tools, True
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(
-            choice.get("function"), dict) or not isinstance(choice["function"].get("name"), str):
-        raise InvalidRequestError(
-            "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\":"
-            " {\"name\": ...}}", param="tool_choice")
-    name = choice["function"]["name"]
+    assert not isinstance(choice, str)  # the wire model admits the three words or a named function
+    name = choice.function.name
     named = [t for t in tools if t.function.name == name]
     if not named:
         raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not among the request's"

@@ -16,7 +16,13 @@ its ids are exactly the tokenizer's.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -54,8 +60,28 @@ def encode_within(tokenizer: Tokenizer, text: str, max_tokens: int) -> list[int]
     return TooManyTokens(len(ids)) if len(ids) > max_tokens else ids
 
 
+def _die_with_parent() -> None:
+    """End this worker when the server process dies, even by SIGKILL (else an orphan would keep
+    the server's stdout open and run on): the kernel's parent-death signal where there is one,
+    and a watch on the parent's pid everywhere."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _init(tokenizer_json: str) -> None:
     global _worker_tokenizer
+    _die_with_parent()
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
 
 
@@ -98,6 +124,9 @@ class TokenizerProcesses:
         return TooManyTokens(-out) if isinstance(out, int) else out
 
     def close(self) -> None:
+        """Stop the workers and wait for them (an encode is bounded), so none outlives the server."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            for proc in list(getattr(pool, "_processes", {}).values()):  # a worker may be mid-encode
+                proc.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
