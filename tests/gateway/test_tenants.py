@@ -101,8 +101,8 @@ CARD = ("You are Captain Mira Vance of the starship Meridian. You speak in short
 
 @pytest.fixture(scope="module")
 def engine_url():
-    from chatfleet.engine.launcher import Fleet, FleetConfig
     from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.launcher import Fleet, FleetConfig
 
     fleet = Fleet(FleetConfig(replicas=1, model="tiny", threads_per_replica=1, engine_args=(
         "--kv-cache-tokens", "4096", "--max-model-len", "1024")), prepare_model=resolve_model)
