@@ -57,6 +57,14 @@ def metrics(server) -> dict[str, float]:
     return out
 
 
+def aborted(server) -> float:
+    """vllm:request_success_total{finished_reason="abort"}."""
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith("vllm:request_success_total{") and 'finished_reason="abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def chat(client, content, **kw):
     extra = kw.pop("extra_body", {})
     return client.chat.completions.create(
@@ -192,6 +200,7 @@ def test_client_disconnect_mid_stream_frees_blocks(server):
     body = {"model": "tiny", "messages": [{"role": "user", "content": long_text(40, "dc")}],
             "max_tokens": 800, "ignore_eos": True, "stream": True}
     finished_before = engine_call(server, lambda e: e.stats().num_finished)
+    aborted_before = aborted(server)
     with httpx.Client(timeout=30) as c, c.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
@@ -210,6 +219,7 @@ def test_client_disconnect_mid_stream_frees_blocks(server):
         time.sleep(0.02)
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0)
     assert stats.num_finished == finished_before  # aborted, not run to its length
+    assert aborted(server) == aborted_before + 1  # counted as vLLM counts it
     engine_call(server, lambda e: e.check_integrity())
     m = metrics(server)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0

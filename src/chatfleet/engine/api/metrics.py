@@ -158,6 +158,14 @@ class RequestTimer:
         self.metrics = metrics
         self.arrival = time.monotonic() if arrival is None else arrival
         self.last: float | None = None
+        self.finished = False
+
+    def on_abort(self) -> None:
+        """The request ended before its last output (the client left, its deadline passed): counted
+        as vLLM counts it, ``vllm:request_success_total{finished_reason="abort"}``."""
+        if not self.finished:
+            self.finished = True
+            self.metrics.request_finished("abort")
 
     def on_output(self, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -167,6 +175,7 @@ class RequestTimer:
             else:
                 self.metrics.itl.observe(now - self.last)
             self.last = now
-        if out.finished:
+        if out.finished and not self.finished:
+            self.finished = True
             self.metrics.e2e.observe(now - self.arrival)
             self.metrics.request_finished(out.finish_reason)

@@ -114,6 +114,7 @@ class RequestOutputs:
         if not self._closed:
             self._closed = True
             self._state.open_requests -= 1
+            self._timer.on_abort()  # a no-op when its last output came
             await self._gen.aclose()
 
 
