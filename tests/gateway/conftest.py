@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from chatfleet.gateway.app import create_app
-from chatfleet.gateway.service import Gateway
 from chatfleet.gateway.config import GatewayConfig
-from chatfleet.testing.fake_server import FakeBehavior, FakeServer
+from chatfleet.gateway.service import Gateway
 from chatfleet.loopback import ServerThread
+from chatfleet.testing.fake_server import FakeBehavior, FakeServer
 
 
 @dataclass

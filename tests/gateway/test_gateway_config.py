@@ -7,7 +7,8 @@ import json
 import pytest
 
 from chatfleet.errors import ConfigError
-from chatfleet.gateway.config import GatewayConfig, ReplicaSpec, load_profile, read_knee
+from chatfleet.gateway.config import GatewayConfig, ReplicaSpec, load_profile
+from chatfleet.gateway.knee import read_knee
 
 
 def test_replica_urls_are_normalized_and_must_be_distinct():

@@ -13,8 +13,8 @@ import openai
 import pytest
 from gateway_helpers import wait_for
 
-from chatfleet.engine.launcher import Fleet, FleetConfig
 from chatfleet.engine.builtin_models.tiny import resolve_model
+from chatfleet.engine.launcher import Fleet, FleetConfig
 
 CARD = ("You are Captain Mira Vance of the starship Meridian. You speak in short, vivid sentences, "
         "you love old star charts, and you never reveal the ship's secret cargo. ") * 3

@@ -75,7 +75,7 @@ def test_one_hot_session_spills_at_the_bound():
        full=st.sets(st.integers(0, 3), max_size=4))
 def test_bounded_load_rule(key, loads, down, full):
     policy = make_routing_policy("bounded_load", REPLICAS, load_factor=1.25)
-    load_of = dict(zip(REPLICAS, loads))
+    load_of = dict(zip(REPLICAS, loads, strict=True))
     candidates = [r for i, r in enumerate(REPLICAS) if i not in down]
     full_set = {REPLICAS[i] for i in full}
     decision = policy.route(key, candidates, load_of, full_set)

@@ -15,7 +15,8 @@ import typer
 
 from chatfleet.cli.errors import check_port
 from chatfleet.errors import ChatfleetError, ConfigError
-from chatfleet.gateway.config import GatewayConfig, Profile, load_profile, read_knee
+from chatfleet.gateway.config import GatewayConfig, Profile, load_profile
+from chatfleet.gateway.knee import read_knee
 from chatfleet.protocol.api_keys import API_KEYS_ENV, keys_from_env, split_keys
 
 _G = GatewayConfig()
@@ -26,7 +27,8 @@ _PROFILE = typer.Option(None, "--profile", help="YAML profile (sections: gateway
 _HOST = typer.Option(None, "--host", help=f"Gateway address (default: {_G.host}).")
 _PORT = typer.Option(None, "--port", help=f"Gateway port (default: {_G.port}).")
 _CAP = typer.Option(None, "--max-in-flight", help="Per-replica in-flight cap (default: none).")
-_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON result: cap = the requests in flight at its knee (a closed-loop knee, in live chats, converted by Little's law).")
+_CAPS_FROM = typer.Option(None, "--caps-from", help="`chatfleet sweep` JSON result: cap = the requests in "
+                          "flight at its knee (a closed-loop knee, in live chats, converted by Little's law).")
 _CAPS_SERIES = typer.Option(None, "--caps-series", help="Series of --caps-from to read (if it holds several).")
 _QUEUE = typer.Option(None, "--queue-size", help=f"Requests that may wait (default: {_G.queue_size}).")
 _WAIT = typer.Option(None, "--max-queue-wait", help=f"Seconds a request may wait (default: {_G.max_queue_wait_s:g}).")
@@ -34,11 +36,15 @@ _KEYS = typer.Option(None, "--api-key", help=f"Accepted Bearer key; repeat, or c
 _HEADER = typer.Option(None, "--session-header", help=f"Session-id header (default: {_G.session_header}).")
 _POLICY = typer.Option(None, "--routing-policy", help=f"Routing policy (default: {_G.routing_policy}).")
 _LOG = typer.Option(None, "--log-level", help=f"Log level (default: {_G.log_level}).")
-_CONNECT = typer.Option(None, "--connect-timeout", help=f"Seconds to connect to a replica (default: {_G.connect_timeout_s:g}).")
-_READ = typer.Option(None, "--read-timeout", help=f"Longest silence from a replica, in seconds (default: {_G.read_timeout_s:g}).")
-_TOTAL = typer.Option(None, "--total-timeout", help="Seconds a whole upstream call may take, stream included (default: no limit).")
+_CONNECT = typer.Option(None, "--connect-timeout", help=f"Seconds to connect to a replica (default: "
+                                                        f"{_G.connect_timeout_s:g}).")
+_READ = typer.Option(None, "--read-timeout", help=f"Longest silence from a replica, in seconds (default: "
+                                                  f"{_G.read_timeout_s:g}).")
+_TOTAL = typer.Option(None, "--total-timeout", help="Seconds a whole upstream call may take, stream included "
+                                                    "(default: no limit).")
 _BODY = typer.Option(None, "--max-body-bytes", help=f"Largest request body (default: {_G.max_body_bytes}).")
-_NEWQ = typer.Option(None, "--max-queued-new", help="First turns of new conversations that may wait (default: half of --queue-size).")
+_NEWQ = typer.Option(None, "--max-queued-new", help="First turns of new conversations that may wait (default: "
+                                                    "half of --queue-size).")
 _FROM = typer.Option(None, "--replicas-from", help="Discover replicas: dns://HOST:PORT (a headless Service's "
                      "A records, re-resolved) or k8s://NAMESPACE/SERVICE (its EndpointSlices; "
                      "add :PORT to pick a port by name).")
@@ -52,7 +58,8 @@ _KEY_CAP = typer.Option(None, "--key-max-in-flight", help="Requests one API key 
                         "(default: no limit).")
 _KEY_TPM = typer.Option(None, "--key-tokens-per-minute", help="Prompt + max_tokens one API key may ask for "
                         "per minute (default: no limit).")
-_TTL = typer.Option(None, "--session-ttl", help=f"Seconds a conversation counts as in progress after its last turn (default: {_G.session_ttl_s:g}).")
+_TTL = typer.Option(None, "--session-ttl", help=f"Seconds a conversation counts as in progress after its last "
+                                                f"turn (default: {_G.session_ttl_s:g}).")
 
 
 def build_gateway_config(profile: Profile, replicas: list[str] | None, flags: dict[str, Any],
@@ -148,14 +155,17 @@ def gateway(
 
 
 def serve(
-    replicas: int | None = typer.Option(None, "--replicas", help="Engine processes to start (default: 2, or 0 with --replica)."),
+    replicas: int | None = typer.Option(None, "--replicas", help="Engine processes to start (default: 2, or 0 "
+                                                                 "with --replica)."),
     engine: str | None = typer.Option(None, "--engine", help="Engine kind: chatfleet (built-in) or vllm "
                                       "(the same settings as vLLM flags; default: chatfleet)."),
     vllm_python: str | None = typer.Option(None, "--vllm-python", help="Python with vLLM installed "
                                            "(default: $CHATFLEET_VLLM_PYTHON, else this one)."),
     model: str | None = typer.Option(None, "--model", help="tiny, small, or a local HF folder (default: tiny)."),
-    threads_per_replica: int | None = typer.Option(None, "--threads-per-replica", help="torch threads each (default: cores / replicas)."),
-    engine_port_base: int | None = typer.Option(None, "--engine-port-base", help="First engine port (default: free ports)."),
+    threads_per_replica: int | None = typer.Option(None, "--threads-per-replica", help="torch threads each "
+                                                                                       "(default: cores / replicas)."),
+    engine_port_base: int | None = typer.Option(None, "--engine-port-base", help="First engine port (default: "
+                                                                                 "free ports)."),
     engine_arg: list[str] | None = typer.Option(None, "--engine-arg", help="Extra `chatfleet engine` flag, "
                                                 "e.g. --engine-arg --kv-cache-tokens=8192 (repeat for more)."),
     replica: list[str] | None = _REPLICA, profile: Path | None = _PROFILE, host: str | None = _HOST,
@@ -171,11 +181,11 @@ def serve(
 ) -> None:
     """Start N engines (built-in, or vLLM with --engine vllm) and the gateway in front of them;
     Ctrl-C stops everything."""
+    from chatfleet.cli.vllm_fleet import VllmFleet, check_kind, vllm_env
+    from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.launcher import Fleet, FleetConfig
     from chatfleet.gateway.app import run_gateway
     from chatfleet.gateway.supervisor import ReplicaSupervisor
-    from chatfleet.cli.vllm_fleet import VllmFleet, check_kind, vllm_env
-    from chatfleet.engine.launcher import Fleet, FleetConfig
-    from chatfleet.engine.builtin_models.tiny import resolve_model
 
     try:
         prof = load_profile(profile) if profile else Profile()

@@ -30,7 +30,6 @@ from urllib.parse import urlsplit
 import yaml
 
 from chatfleet.errors import ConfigError
-from chatfleet.gateway.knee import KneeCap, knee_cap, read_knee  # noqa: F401 - re-exported
 
 
 def normalize_url(url: str) -> str:
