@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.gate.tool_cases import CASES
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 STEPS = 64
 

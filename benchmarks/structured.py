@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from backends import BACKENDS, SERVED_NAME, select_backends  # noqa: E402
 from chatfleet.engine.api.tool_parsers import TOOL_PARSERS  # noqa: E402
+from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from chatfleet.engine.engine import Engine  # noqa: E402
 from chatfleet.engine.models.loader import load_model  # noqa: E402
@@ -43,7 +44,6 @@ from chatfleet.engine.runner.torch_runner import TorchRunner  # noqa: E402
 from chatfleet.engine.structured.compiler import GrammarCompiler  # noqa: E402
 from chatfleet.engine.structured.spec import GrammarSpec  # noqa: E402
 from chatfleet.gate.tool_cases import CASES  # noqa: E402
-from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
 from common import RESULTS_DIR, ServerProcess  # noqa: E402
 
 BATCH = 32

@@ -76,7 +76,8 @@ def _app():
 
 @pytest.mark.parametrize(
     "content,status",
-    [(b"{not json", 400), (b'{"messages": []}', 400), (b'{"messages": [{"role": "user", "content": 3}]}', 400), (b"", 400)],
+    [(b"{not json", 400), (b'{"messages": []}', 400), (b'{"messages": [{"role": "user", "content": 3}]}', 400),
+     (b"", 400)],
 )
 def test_handlers_on_app(content, status):
     client = TestClient(_app(), raise_server_exceptions=False)

@@ -6,9 +6,9 @@ from chatfleet.protocol.openai import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    PromptTokensDetails,
     TokenizeRequest,
     Usage,
-    PromptTokensDetails,
 )
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -58,7 +58,8 @@ def test_include_usage():
 
 
 def test_message_text_parts():
-    m = ChatMessage.model_validate({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    m = ChatMessage.model_validate({"role": "user",
+                                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
     assert m.text() == "ab"
     img = ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})
     with pytest.raises(InvalidRequestError):
@@ -93,5 +94,6 @@ def test_tokenize_request_exactly_one():
 
 
 def test_usage_shape():
-    u = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5, prompt_tokens_details=PromptTokensDetails(cached_tokens=2))
+    u = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5,
+              prompt_tokens_details=PromptTokensDetails(cached_tokens=2))
     assert u.model_dump()["prompt_tokens_details"] == {"cached_tokens": 2}

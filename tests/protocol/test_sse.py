@@ -2,7 +2,6 @@ import asyncio
 import random
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +45,7 @@ def test_encode_roundtrip_newlines_and_unicode():
 def test_any_chunking_gives_same_events(payloads, cuts):
     raw = b"".join(encode_event(p) for p in payloads) + DONE
     points = sorted({min(c, len(raw)) for c in cuts})
-    pieces = [raw[a:b] for a, b in zip([0] + points, points + [len(raw)])]
+    pieces = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     events = list(iter_sse(pieces))
     assert [e.json() for e in events[:-1]] == payloads
     assert events[-1].is_done

@@ -19,7 +19,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from pydantic.json_schema import WithJsonSchema
+from pydantic.json_schema import JsonDict, WithJsonSchema
 
 from chatfleet.errors import InvalidRequestError
 
@@ -162,10 +162,12 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 
 
 # Rules between fields, as JSON Schema states them (the validators below enforce them).
-STREAM_OPTIONS_RULE = {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
-                       "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
-TOOL_CHOICE_RULE = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
-                    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}
+STREAM_OPTIONS_RULE: JsonDict = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+TOOL_CHOICE_RULE: JsonDict = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}
 
 
 class SamplingFields(_Wire):

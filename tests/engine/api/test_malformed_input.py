@@ -130,7 +130,7 @@ def test_schemathesis_against_the_engines_openapi_finds_no_5xx(server):
                     case.body.setdefault("max_tokens", 2)  # keep valid requests short
                 r = case.call(base_url=server.url, session=session, timeout=60)
                 if r.status_code >= 500:
-                    errors.append(f"{op.method} {op.path} {mode}: {r.status_code} {r.text[:200]}")
+                    errors.append(f"{case.operation.method} {case.operation.path}: {r.status_code} {r.text[:200]}")
 
             try:
                 run()

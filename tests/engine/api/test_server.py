@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from chatfleet.engine.api.async_engine import AsyncEngine
-from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.api.options import ServerOptions
 from chatfleet.engine.api.server import build_app
-from chatfleet.loopback import ServerThread
 from chatfleet.engine.builtin_models.tiny import resolve_model
+from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from chatfleet.loopback import ServerThread
 
 MAX_MODEL_LEN = 1024
 BLOCK = 16
@@ -83,7 +83,8 @@ def test_chat_non_stream_usage_and_length(server, client):
     r = chat(client, "Hello there!", max_tokens=7, extra_body=FORCE, **GREEDY)
     choice = r.choices[0]
     assert choice.finish_reason == "length" and choice.message.role == "assistant"
-    n_prompt = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hello there!"}]}).json()["count"]
+    n_prompt = httpx.post(server.url + "/tokenize",
+                          json={"messages": [{"role": "user", "content": "Hello there!"}]}).json()["count"]
     assert r.usage.prompt_tokens == n_prompt
     assert r.usage.completion_tokens == 7 and r.usage.total_tokens == n_prompt + 7
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
@@ -261,7 +262,8 @@ def _post(server, path, body):
 
 
 @pytest.mark.parametrize("path,case", [("/v1/chat/completions", c) for c in BAD_CHAT]
-                         + [("/v1/completions", c) for c in BAD_COMPLETION], ids=lambda c: c if isinstance(c, str) else c[0])
+                         + [("/v1/completions", c) for c in BAD_COMPLETION],
+                         ids=lambda c: c if isinstance(c, str) else c[0])
 def test_bad_input_gets_400_in_openai_format(server, path, case):
     _, body, param = case
     r = _post(server, path, body)
@@ -378,13 +380,14 @@ def test_lm_eval_local_completions_loglikelihood_batch(server):
     out = httpx.post(server.url + "/v1/completions", json=payload, timeout=60).json()
     choices = sorted(out["choices"], key=lambda c: c["index"])
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
-    for choice, prompt in zip(choices, ids):
+    for choice, prompt in zip(choices, ids, strict=True):
         lps = choice["logprobs"]
         assert len(lps["token_logprobs"]) == len(prompt) + 1 and lps["token_logprobs"][0] is None
         assert all(v <= 0 for v in lps["token_logprobs"][1:])
         assert all(len(top) >= 1 for top in lps["top_logprobs"][1:])
         alone = httpx.post(server.url + "/v1/completions", json={**payload, "prompt": prompt}, timeout=60).json()
-        assert alone["choices"][0]["logprobs"]["token_logprobs"][1:-1] == pytest.approx(lps["token_logprobs"][1:-1], abs=1e-4)
+        alone_lps = alone["choices"][0]["logprobs"]["token_logprobs"]
+        assert alone_lps[1:-1] == pytest.approx(lps["token_logprobs"][1:-1], abs=1e-4)
 
 
 def test_n_choices_share_the_prompt_through_the_prefix_cache(server, client):

@@ -21,7 +21,8 @@ def test_engine_command_serves_and_stops_cleanly():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         CLI + ["--model", "tiny", "--port", str(port), "--threads", "1", "--kv-cache-tokens", "2048",
-               "--max-model-len", "512", "--served-model-name", "chat-tiny", "--no-prefix-cache", "--no-chunked-prefill",
+               "--max-model-len", "512", "--served-model-name", "chat-tiny", "--no-prefix-cache",
+               "--no-chunked-prefill",
                "--log-level", "warning"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -7,8 +7,8 @@ import time
 from fastapi.testclient import TestClient
 
 from chatfleet.engine.api.async_engine import AsyncEngine
-from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.api.server import build_app
+from chatfleet.engine.outputs import RequestOutput
 
 
 class Tok:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from chatfleet.engine.api.async_engine import AsyncEngine
-from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.api.server import build_app
+from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.loopback import ServerThread
 
 

@@ -74,7 +74,8 @@ def test_response_format_and_forced_tools_carry_a_grammar():
 
 
 def test_completion_max_tokens_zero_runs_one_token_and_prompt_logprobs_only_with_echo():
-    req = CompletionRequest.model_validate({"prompt": "ab", "max_tokens": 0, "echo": True, "logprobs": 2, "min_tokens": 0})
+    req = CompletionRequest.model_validate({"prompt": "ab", "max_tokens": 0, "echo": True, "logprobs": 2,
+                                            "min_tokens": 0})
     p = completion_sampling_params(req, 2, 100)
     assert (p.max_tokens, p.logprobs, p.prompt_logprobs) == (1, 2, 2)
     req = CompletionRequest.model_validate({"prompt": "ab", "logprobs": 2})

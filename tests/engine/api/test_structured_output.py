@@ -14,12 +14,12 @@ import torch
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.server import build_app
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.loopback import ServerThread
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 NUM_BLOCKS = 512

@@ -16,13 +16,13 @@ import pytest
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.server import build_app
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.outputs import SampledToken
 from chatfleet.engine.runner.sim_runner import SimRunner
 from chatfleet.engine.tokenizer import ChatTokenizer
 from chatfleet.loopback import ServerThread
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 REPLY = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'

@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
@@ -23,7 +24,6 @@ from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.engine.structured.spec import GrammarSpec
 from chatfleet.errors import InvalidRequestError
-from chatfleet.engine.builtin_models.tiny import resolve_model
 
 BS = 16
 MAX_LEN = 2048

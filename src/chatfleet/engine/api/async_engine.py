@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -144,7 +144,7 @@ class AsyncEngine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         session_id: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs; the request is aborted if the consumer stops early.
 
         Raises the engine's add_request errors (400/503) before the first output.

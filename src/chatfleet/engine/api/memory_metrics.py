@@ -30,7 +30,8 @@ class MemoryCollector(Collector):
                 by_class.add_metric([self.model_name, c.tensor_class], float(c.num_bytes))
         by_class.add_metric([self.model_name, "kv_cache"], float(m.kv_pool_bytes))
         yield by_class
-        per_token = GaugeMetricFamily("chatfleet:kv_bytes_per_token", "KV-cache bytes one token takes, per layer group.",
+        per_token = GaugeMetricFamily("chatfleet:kv_bytes_per_token",
+                                      "KV-cache bytes one token takes, per layer group.",
                                       labels=["model_name", "group"])
         for group, n in m.kv_bytes_per_token.items():
             per_token.add_metric([self.model_name, group], float(n))
