@@ -31,11 +31,8 @@ def dense_decoder(cfg: Mapping[str, Any], block_size: int, *, qk_norm: bool, qkv
     """Llama-family dense decoder: GQA attention, SwiGLU MLP, RMSNorms, optional tied embedding."""
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
         raise ConfigError(f"model type {cfg.get('model_type')!r} with experts needs its own config reader")
-    try:
-        vocab, h, inter = int(cfg["vocab_size"]), int(cfg["hidden_size"]), int(cfg["intermediate_size"])
-        layers, heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
-    except KeyError as e:
-        raise ConfigError(f"config.json lacks {e.args[0]!r}") from None
+    vocab, h, inter, layers, heads = _need(cfg, "vocab_size", "hidden_size", "intermediate_size",
+                                           "num_hidden_layers", "num_attention_heads")
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or h // heads)
     q, kv = heads * head_dim, kv_heads * head_dim
