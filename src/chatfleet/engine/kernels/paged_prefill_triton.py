@@ -15,6 +15,7 @@ import triton.language as tl
 
 from chatfleet.engine.kernels.attention_params import AttentionParams
 from chatfleet.engine.kernels.backend import next_pow2
+from chatfleet.engine.kernels.online_softmax_triton import block_scores, online_softmax_update
 from chatfleet.engine.kernels.paged_decode_triton import precision
 from chatfleet.engine.models.kv_cache import FP8
 
@@ -64,21 +65,14 @@ def _paged_prefill_kernel(
         block = tl.load(tables_ptr + chunk.to(tl.int64) * stride_tb + i).to(tl.int64)
         offs = head_base + block * stride_cb + s[:, None] * stride_cs + d[None, :]
         k = tl.load(k_ptr + offs, mask=d_ok[None, :], other=0.0).to(q.dtype)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
-        if HAS_SOFTCAP:
-            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)  # softcap * tanh(x / softcap)
+        scores = block_scores(q, k, score_scale, softcap, HAS_SOFTCAP, PRECISION)
         k_pos = i * BLOCK_SIZE + s
         visible = (k_pos[None, :] <= q_pos[:, None]) & r_ok[:, None]
         if HAS_WINDOW:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + offs, mask=d_ok[None, :], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(scores, v, m_i, l_i, acc, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SCALED:
         out = out * v_scale
