@@ -312,26 +312,22 @@ class TorchRunner:
                 return c.block_table
             return c.group_block_tables[group]
 
+        decode_lens = [c.context_length for c in decodes]
+        starts = [c.start_position for c in prefills]
+        lens = [c.num_tokens for c in prefills]
+
         def build(window: int | None, group: str | None = None) -> AttentionMetadata:
+            decode_tables = [table(c, group) for c in decodes]
+            chunk_tables = [table(c, group) for c in prefills]
             if self.attention == "kernels":
                 tables = build_step_tables(
-                    self._block_size,
-                    decode_context_lens=[c.context_length for c in decodes],
-                    decode_block_tables=[table(c, group) for c in decodes],
-                    chunk_starts=[c.start_position for c in prefills],
-                    chunk_lens=[c.num_tokens for c in prefills],
-                    chunk_block_tables=[table(c, group) for c in prefills],
-                    device=self.device,
+                    self._block_size, decode_context_lens=decode_lens, decode_block_tables=decode_tables,
+                    chunk_starts=starts, chunk_lens=lens, chunk_block_tables=chunk_tables, device=self.device,
                 )
                 return kernel_metadata(tables, window, self.kernel_backend)
             meta = build_attention_metadata(
-                self._block_size,
-                decode_context_lens=[c.context_length for c in decodes],
-                decode_block_tables=[table(c, group) for c in decodes],
-                chunk_starts=[c.start_position for c in prefills],
-                chunk_lens=[c.num_tokens for c in prefills],
-                chunk_block_tables=[table(c, group) for c in prefills],
-                device=self.device,
+                self._block_size, decode_context_lens=decode_lens, decode_block_tables=decode_tables,
+                chunk_starts=starts, chunk_lens=lens, chunk_block_tables=chunk_tables, device=self.device,
                 sliding_window=window,
             )
             meta.workspace = self._workspace
