@@ -169,8 +169,8 @@ class Engine:
         for hit in processed.stopped:
             self.scheduler.finish_request(hit.request_id, RequestStatus.FINISHED_STOPPED)
         if structured is not None:  # finished requests drop their matchers now (ids may be reused)
-            structured.remove([o.request_id for o in processed.outputs if o.finished])
-            structured.remove([hit.request_id for hit in processed.stopped])
+            structured.remove([o.request_id for o in processed.outputs if o.finished]
+                              + [hit.request_id for hit in processed.stopped])
         self._counts.count(processed.outputs)
         return processed.outputs
 
