@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -132,8 +133,15 @@ def test_turns_alternating_between_two_gateways_stay_home_and_stay_returning(
     for name, turns in conversations.items():
         home = ring.home(key_of(*turns[0]))
         assert landed[name] == [home] * len(turns), name
-    verdicts = {r.request_id: r.returning for r in caplog.records
-                if r.getMessage() == "request" and getattr(r, "request_id", "") in request_turn}
+    # a gateway writes a request's log line after the response's last byte, so the client can
+    # hold its last replies before their lines exist: wait for them (bounded), then judge
+    deadline = time.monotonic() + 30.0
+    while True:
+        verdicts = {r.request_id: r.returning for r in caplog.records
+                    if r.getMessage() == "request" and getattr(r, "request_id", "") in request_turn}
+        if len(verdicts) == len(request_turn) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(verdicts) == len(request_turn)
     assert {rid: request_turn[rid] > 0 for rid in verdicts} == verdicts, "a turn's returning verdict is wrong"
 

@@ -10,11 +10,11 @@ Both entries end here: ``chatfleet engine`` (typer flags) and ``python -m chatfl
 from __future__ import annotations
 
 import logging
-import sys
 
 from chatfleet.engine.argv import EngineServer
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.memory_check import check_kv_fits
+from chatfleet.protocol.stderr_log import CurrentStderrHandler
 
 
 class _UvicornStyle(logging.Formatter):
@@ -28,7 +28,7 @@ def console_logging(level: str) -> None:
     """The ``chatfleet`` loggers to stderr at ``level`` (uvicorn's names; 'trace' is debug)."""
     logger = logging.getLogger("chatfleet")
     if not any(getattr(h, "chatfleet_console", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = CurrentStderrHandler()
         handler.setFormatter(_UvicornStyle())
         handler.chatfleet_console = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
+
+from chatfleet.protocol.stderr_log import CurrentStderrHandler
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -32,7 +33,7 @@ def configure_json_logging(level: str = "info", logger_name: str = "chatfleet.ga
     logger = logging.getLogger(logger_name)
     logger.setLevel(level.upper())
     if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = CurrentStderrHandler()
         handler.setFormatter(JsonFormatter())
         logger.addHandler(handler)
         logger.propagate = False
