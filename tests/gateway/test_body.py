@@ -18,21 +18,30 @@ def chat(content="hi", **extra) -> bytes:
     return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], **extra}).encode()
 
 
-@pytest.mark.parametrize("body, words", [
-    (b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "nested too deeply"),
-    (b'{"model": "m", "max_tokens": ' + b"9" * 5000 + b', "messages": []}', "out of range"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "malformed JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b"", "malformed JSON"),
-    (chat(stream="yes")[:-1] + b", ", "malformed JSON"),
+@pytest.mark.parametrize("body, words, param", [
+    (b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+     "messages: the JSON is nested more than 64 levels deep", "messages"),
+    (b'{"model": "m", "max_tokens": ' + b"9" * 5000 + b', "messages": []}',
+     "max_tokens: the number has 5000 digits; a number may have at most 400", "max_tokens"),
+    (b'{"model": "m", "temperature": NaN, "messages": []}',
+     "temperature: NaN is not a JSON number; send a finite number", "temperature"),
+    (b'{"model": "m", "top_p": 1e999, "messages": []}', "top_p: the number 1e999 is too large", "top_p"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+     "messages[0].content: the text holds an invalid Unicode code point", "messages"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "the body is not valid UTF-8", None),
+    (b"[1, 2]", "must be a JSON object", None),
+    (b"", "malformed JSON", None),
+    (chat(stream="yes")[:-1] + b", ", "malformed JSON", None),
 ])
-def test_hostile_bodies_are_rejected_with_a_reason(body, words):
+def test_hostile_bodies_are_rejected_with_a_reason(body, words, param):
     result = inspect_body(CHAT, body)
-    assert isinstance(result, BodyRejected) and words in result.message
+    assert isinstance(result, BodyRejected) and words in result.message, result
+    assert result.param == param
+    assert "Python" not in result.message and "int_max_str_digits" not in result.message
 
 
-def test_a_lone_surrogate_is_parsed_and_keyed():
-    result = inspect_body(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}')
+def test_a_conversation_without_a_user_is_keyed_by_its_messages():
+    result = inspect_body(CHAT, chat("\u00e9t\u00e9"))
     assert isinstance(result, ParsedBody) and result.session.source is KeySource.CONVERSATION
 
 

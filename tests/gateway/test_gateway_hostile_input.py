@@ -121,3 +121,91 @@ def test_a_stream_keeps_flowing_while_large_bodies_are_refused(fakes, gateways):
     assert any(start < t < end for t in arrivals), "no chunk reached the client while the bodies were handled"
     state = gw.gateway.replicas[fake.url]
     assert state.healthy and state.stats.upstream_errors == 0 and state.stats.marked_down == 0
+
+
+# -- the engine and the gateway in front of it refuse the same input alike ---------------------
+
+@pytest.fixture(scope="module")
+def engine_and_gateway():
+    """A tiny built-in engine on loopback and a gateway in front of it."""
+    import torch
+
+    from chatfleet.engine.api.async_engine import AsyncEngine
+    from chatfleet.engine.api.server import build_app
+    from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.config import CacheConfig, EngineConfig
+    from chatfleet.engine.engine import Engine
+    from chatfleet.engine.models.loader import load_model
+    from chatfleet.engine.runner.torch_runner import TorchRunner
+    from chatfleet.loopback import ServerThread
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    loaded = load_model(resolve_model("tiny"), dtype="float32")
+    config = EngineConfig(model="tiny", max_model_len=256, cache=CacheConfig(block_size=16, num_tokens=1024))
+    engine = AsyncEngine(Engine(config, runner=TorchRunner(loaded, 64, 16), tokenizer=loaded.tokenizer))
+    with ServerThread(build_app(engine)) as engine_server:
+        app = create_app(GatewayConfig(replicas=(engine_server.url,), port=0, health_interval_s=0.2,
+                                       log_requests=False))
+        gateway = ServerThread(app).start()
+        try:
+            wait_for(lambda: app.state.gateway.replicas.healthy(), what="the engine to be healthy")
+            yield engine_server.url, gateway.url, engine.model_name
+        finally:
+            gateway.stop()
+    torch.set_num_threads(threads)
+
+
+def post_to_both(urls, path: str, body: bytes, headers: dict[str, str]):
+    import httpx
+
+    engine_url, gateway_url, _ = urls
+    return [httpx.post(url + path, content=body, headers=headers, timeout=60) for url in (engine_url, gateway_url)]
+
+
+CONTENT_TYPES = [  # (content type, accepted)
+    (None, True), ("application/json", True), ("application/json; charset=utf-8", True),
+    ("Application/JSON", True), ("application/vnd.api+json", True),
+    ("text/plain", False), ("application/x-www-form-urlencoded", False), ("multipart/form-data; boundary=x", False),
+    ("application/xml", False), ("text/json-ish", False), ("", True),  # an empty header: none sent
+]
+
+
+@pytest.mark.parametrize("content_type, accepted", CONTENT_TYPES)
+def test_engine_and_gateway_judge_content_types_alike(engine_and_gateway, content_type, accepted):
+    model = engine_and_gateway[2]
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    engine, gateway = post_to_both(engine_and_gateway, "/v1/chat/completions", body, headers)
+    assert engine.status_code == gateway.status_code == (200 if accepted else 400), (engine.text, gateway.text)
+    if not accepted:
+        for r in (engine, gateway):
+            message = r.json()["error"]["message"]
+            assert "content type" in message and repr(content_type) in message, message
+
+
+def test_engine_and_gateway_refuse_hostile_bodies_alike(engine_and_gateway):
+    """Every case of the malformed corpus, sent to the engine and through the gateway: the same
+    status, and a refusal names the same field (in its message and as ``param``)."""
+    model = engine_and_gateway[2]
+    differ, refused = [], 0
+    for case in CORPUS:
+        body = raw_body(case).replace(b'"model": "fake"', f'"model": "{model}"'.encode()).replace(
+            b'"model":"fake"', f'"model":"{model}"'.encode())
+        if b'"max_tokens"' not in body and body.startswith(b"{") and len(body) < 1 << 16:
+            body = body.replace(b"{", b'{"max_tokens": 2, ', 1)  # keep the valid ones short
+        engine, gateway = post_to_both(engine_and_gateway, case["path"], body, {"content-type": "application/json"})
+        if engine.status_code != gateway.status_code:
+            differ.append((case["name"], engine.status_code, gateway.status_code, engine.text[:150],
+                           gateway.text[:150]))
+            continue
+        if engine.status_code == 400:
+            refused += 1
+            errors = [r.json()["error"] for r in (engine, gateway)]
+            params = [e["param"] for e in errors]
+            named = all(e["param"] is None or e["param"] in e["message"] for e in errors)
+            internal = any(word in e["message"] for e in errors for word in ("Python", "Traceback", "int_max_str"))
+            if params[0] != params[1] or not named or internal:
+                differ.append((case["name"], *[e["message"][:150] for e in errors]))
+    assert not differ, "\n".join(map(str, differ))
+    assert refused > len(CORPUS) // 2, refused

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from chatfleet.errors import InvalidRequestError
 from chatfleet.gateway.session import SessionKey, body_session
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
+from chatfleet.protocol.safe_json import MAX_DEPTH, parse_json_body
 
 ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
@@ -52,20 +54,21 @@ class BodyRejected:
 
 
 def inspect_body(path: str, body: bytes) -> ParsedBody | BodyRejected:
-    """Validate ``body`` as the request of endpoint ``path``."""
+    """Validate ``body`` as the request of endpoint ``path``: parsed as the engine parses it
+    (``protocol.safe_json``), then validated by the same request model, so both refuse a body
+    with the same message."""
     try:
         return _inspect(path, body)
-    except RecursionError:
-        return BodyRejected("the JSON body is nested too deeply")
+    except RecursionError:  # pydantic on a body nested within the parse's limit but still deep
+        return BodyRejected(f"the body: the JSON is nested more than {MAX_DEPTH} levels deep;"
+                            f" at most {MAX_DEPTH} levels are allowed")
 
 
 def _inspect(path: str, body: bytes) -> ParsedBody | BodyRejected:
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return BodyRejected(f"malformed JSON body: {exc}")
-    except ValueError as exc:  # e.g. an integer of more digits than Python converts
-        return BodyRejected(f"the JSON body holds a value out of range: {exc}")
+        data = parse_json_body(body)
+    except InvalidRequestError as exc:
+        return BodyRejected(exc.message, exc.param)
     if not isinstance(data, dict):
         return BodyRejected("the request body must be a JSON object")
     try:

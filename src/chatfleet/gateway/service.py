@@ -44,6 +44,7 @@ from chatfleet.gateway.tenants import (
     with_cache_salt,
 )
 from chatfleet.protocol.errors import to_chatfleet_error
+from chatfleet.protocol.safe_json import check_json_content_type
 
 if TYPE_CHECKING:
     from chatfleet.gateway.supervisor import ProcessState
@@ -213,6 +214,8 @@ class Gateway:
             raise AuthenticationError("missing or invalid admin key; send 'Authorization: Bearer <admin key>'")
 
     async def read_body(self, request: Request) -> bytes:
+        """The request's body: over the limit a 413, and one not sent as JSON a 400 naming its
+        content type (after the size, as the engine checks them)."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -223,7 +226,10 @@ class Gateway:
             if size > limit:
                 raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
             parts.append(part)
-        return b"".join(parts)
+        body = b"".join(parts)
+        if body:
+            check_json_content_type(request.headers.get("content-type"))
+        return body
 
     def upstream_headers(self, request: Request, request_id: str, tenant: Tenant = OPEN_TENANT) -> dict[str, str]:
         headers = {"content-type": "application/json", self.config.request_id_header: request_id}

@@ -3,7 +3,9 @@
 ``parse_json_body(bytes)`` refuses, with a 400 naming the problem and where it is: bytes that are
 not UTF-8, NaN and Infinity (not JSON), numbers over ``MAX_NUMBER_DIGITS`` digits, nesting deeper
 than ``MAX_DEPTH``, and strings holding lone surrogates (``"\\ud800"`` is valid JSON but no text:
-it cannot be encoded, tokenized, hashed or forwarded). ``SafeJSONRoute`` runs it before FastAPI
+it cannot be encoded, tokenized, hashed or forwarded). Each message names the field (the body's
+top-level key) and the rule, e.g. "temperature: NaN is not a JSON number; send a finite number".
+``SafeJSONRoute`` runs it before FastAPI
 reads the body (large bodies parse on a worker thread, off the event loop); a body whose content
 type is not JSON is refused with a 400 naming it (``check_json_content_type``).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -39,25 +42,33 @@ def _one_large_parse() -> asyncio.Semaphore:
     return sem
 
 
-def _parse_int(text: str) -> int:
+class _Refused:
+    """A number the parse keeps as a marker (too many digits, not finite), so that the walk that
+    follows can name the field holding it."""
+
+    __slots__ = ("rule",)
+
+    def __init__(self, rule: str) -> None:
+        self.rule = rule
+
+
+def _parse_int(text: str) -> int | _Refused:
     if len(text) > MAX_NUMBER_DIGITS:
-        raise InvalidRequestError(
-            f"a number in the body has {len(text)} digits; at most {MAX_NUMBER_DIGITS} are allowed")
+        return _Refused(f"the number has {len(text)} digits; a number may have at most {MAX_NUMBER_DIGITS}")
     return int(text)
 
 
-def _parse_float(text: str) -> float:
+def _parse_float(text: str) -> float | _Refused:
     if len(text) > MAX_NUMBER_DIGITS:
-        raise InvalidRequestError(
-            f"a number in the body has {len(text)} characters; at most {MAX_NUMBER_DIGITS} are allowed")
+        return _Refused(f"the number has {len(text)} characters; a number may have at most {MAX_NUMBER_DIGITS}")
     value = float(text)
     if not math.isfinite(value):
-        raise InvalidRequestError(f"the number {text[:40]} is out of range")
+        return _Refused(f"the number {text[:40]} is too large; send a finite number")
     return value
 
 
-def _refuse_constant(name: str) -> float:
-    raise InvalidRequestError(f"{name} is not valid JSON; send a finite number")
+def _refuse_constant(name: str) -> _Refused:
+    return _Refused(f"{name} is not a JSON number; send a finite number")
 
 
 def _where(path: tuple[str | int, ...]) -> str:
@@ -77,13 +88,46 @@ def _bad_text(s: str) -> bool:
     return False
 
 
+def _deeper_than(max_depth: int, path: tuple[str | int, ...]) -> InvalidRequestError:
+    field = str(path[0]) if path else None
+    return InvalidRequestError(
+        f"{field or 'the body'}: the JSON is nested more than {max_depth} levels deep;"
+        f" at most {max_depth} levels are allowed", param=field)
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(\s*:)?|[\[{]|[\]}]')
+
+
+def _deep_field(text: str, max_depth: int) -> str | None:
+    """The top-level key under which ``text`` nests deeper than ``max_depth`` (the parser ran out
+    of stack before the walk could say where): a scan of keys and brackets only."""
+    depth, key = 0, None
+    for m in _TOKEN.finditer(text):
+        token = m.group()
+        if token in "[{":
+            depth += 1
+            if depth > max_depth:
+                return key
+        elif token in "]}":
+            depth -= 1
+        elif depth == 1 and m.group(1):
+            key = token[1:token.rindex('"')]
+    return key
+
+
+_WALKED = (str, dict, list, _Refused)
+
+
 def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
-    """Refuse nesting deeper than ``max_depth`` and strings that are not valid Unicode."""
+    """Refuse nesting deeper than ``max_depth``, strings that are not valid Unicode and the numbers
+    the parse kept as markers, naming the field (the body's top-level key) that holds them."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:
         v, path = stack.pop()
         if len(path) > max_depth:
-            raise InvalidRequestError(f"the body is nested more than {max_depth} levels deep")
+            raise _deeper_than(max_depth, path)
+        if isinstance(v, _Refused):
+            raise InvalidRequestError(f"{_where(path)}: {v.rule}", param=str(path[0]) if path else None)
         if isinstance(v, str):
             if _bad_text(v):
                 raise InvalidRequestError(
@@ -93,11 +137,11 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
             for k, item in v.items():
                 if _bad_text(k):
                     raise InvalidRequestError(f"{_where(path)}: a key holds an invalid Unicode code point")
-                if isinstance(item, (str, dict, list)):
+                if isinstance(item, _WALKED):
                     stack.append((item, (*path, k)))
         elif isinstance(v, list):
             for i, item in enumerate(v):
-                if isinstance(item, (str, dict, list)):
+                if isinstance(item, _WALKED):
                     stack.append((item, (*path, i)))
 
 
@@ -115,7 +159,8 @@ def parse_json_body(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"malformed JSON body: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
-        raise InvalidRequestError(f"the body is nested more than {max_depth} levels deep") from None
+        field = _deep_field(text, max_depth)
+        raise _deeper_than(max_depth, (field,) if field is not None else ()) from None
     check_value(value, max_depth)
     return value
 
@@ -138,6 +183,9 @@ class SafeJSONRoute(APIRoute):
     """An APIRoute whose JSON body goes through ``parse_json_body`` before FastAPI validates it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        # The content type is judged here (``check_json_content_type``: none means JSON), not by
+        # FastAPI's strict check, which would answer a body without one as "not an object".
+        self.strict_content_type = False
         handler = super().get_route_handler()
 
         async def safe_handler(request: Request) -> Response:
