@@ -12,6 +12,7 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     r = CliRunner().invoke(app, ["demo", "--model", "tiny", "--profile", "cpu-roleplay", "--threads", "1",
                                  "--duration", "0.8", "--warmup", "0.2", "--start", "2", "--max-points", "2",
                                  "--repeats", "2", "--extend-up-to", "1",
+                                 "--max-point", "2", "--series-budget", "8",
                                  "--kv-cache-tokens", "1024", "--price", "2.0", "--out-dir", str(out)])
     assert r.exit_code == 0, r.output
     assert "stock" in r.output and "tuned" in r.output and "fleet for 2200 peak chats" in r.output

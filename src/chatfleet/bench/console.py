@@ -157,10 +157,11 @@ def reset_notes(res: SweepResult) -> list[str]:
     return list(dict.fromkeys(r.reset.note for p in res.points for r in p.runs if r.reset.method == "not-reset"))
 
 
-def undecided_lines(res: SweepResult) -> list[str]:
+def undecided_lines(res: SweepResult, more: str = "raise --duration") -> list[str]:
     """Why each undecided point stayed so: the straddling interval and what would decide it."""
     targets = {tg.key: tg for tg in parse_slo(res.slo).targets}
-    return [f"load {p.level:g} undecided after {len(p.runs)} runs: {why_undecided(targets[k], p.judged.intervals[k])}"
+    return [f"load {p.level:g} undecided after {len(p.runs)} runs: "
+            f"{why_undecided(targets[k], p.judged.intervals[k], more)}"
             for p in res.points if p.judged is not None and p.verdict == "undecided"
             for k, v in p.judged.targets.items() if v == "undecided"]
 

@@ -8,6 +8,13 @@ same device KV budget; a technique the installed engine does not accept yet is n
 output, never silently dropped. ``--with-vllm`` adds vLLM's CPU build at the same budget and
 dtype as a third series. Series run one after the other, each with the same threads, so none
 steals another's cores (``parallel`` runs them at once: faster, but each slows the others).
+
+Each load point is sized for the SLO's percentiles (``bench/point_sizing.py``): its first run lasts
+``duration_s`` (enough to show a clearly broken point), and an undecided point runs on until each
+target has the values its interval needs (72 for a p95 at 95%), at most ``max_point_s`` measured
+seconds a point and ``series_budget_s`` a series, so the whole demo stays bounded in time. The
+output names the CPU, each knee with its spread over repeats and the tuned/stock ratio with the
+range those spreads give, or says which verdict is missing and why.
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
-from chatfleet.bench.knee import knee_spread
+from chatfleet.bench.knee import KneeRatio, knee_ratio, knee_spread
 from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.machine import MachineInfo, machine_info
+from chatfleet.bench.point_sizing import PointSizing, values_needed_for
+from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
@@ -47,8 +57,11 @@ class DemoConfig:
     headroom: float = 0.0
     price_per_gpu_hour: float | None = None
     threads: int = 2
-    duration_s: float = 8.0
+    duration_s: float = 8.0  # a point's first run; an undecided point's later runs are sized
     warmup_s: float = 3.0
+    max_run_s: float = 90.0  # the longest single sized run
+    max_point_s: float = 150.0  # measured seconds one point may spend deciding
+    series_budget_s: float = 240.0  # measured seconds one series' sweep may spend
     start: int = 4
     max_level: int = 64
     max_points: int = 4
@@ -74,6 +87,9 @@ class DemoConfig:
             raise ConfigError(f"--confidence must be in [0, 1) (0: by the estimate alone), got {self.confidence:g}")
         if self.extend_up_to < 1:
             raise ConfigError(f"--extend-up-to must be >= 1 (1: never extend), got {self.extend_up_to}")
+        if self.series_budget_s <= 0:
+            raise ConfigError(f"--series-budget must be > 0 seconds, got {self.series_budget_s:g}")
+        self.sizing()  # validates the point's bounds against the first run's duration
         if self.kv_cache_tokens < 64:
             raise ConfigError("the device KV budget must be at least 64 tokens")
         if self.pause_mean_s is not None:
@@ -95,7 +111,21 @@ class DemoConfig:
         return LoadSpec("closed", 1, duration_s=self.duration_s, warmup_s=self.warmup_s, join=self.join)
 
     def sweep_spec(self) -> SweepSpec:
-        return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points)
+        return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points,
+                         budget_s=self.series_budget_s)
+
+    def sizing(self) -> PointSizing:
+        """How long an undecided point may measure (its first run is ``duration_s``)."""
+        return PointSizing(self.duration_s, max(self.duration_s, self.max_run_s),
+                           max(self.duration_s, self.max_point_s))
+
+    def describe_sizing(self) -> str:
+        if self.confidence is None:
+            return f"each point {self.repeats} runs of {self.duration_s:g} s, judged by the estimate"
+        needs = ", ".join(f"{k} {n}" for k, n in values_needed_for(parse_slo(self.slo), self.confidence).items())
+        return (f"each point {self.repeats} runs, the first {self.duration_s:g} s; an undecided point runs on until "
+                f"each target has the values its {self.confidence:.0%} interval needs ({needs}), at most "
+                f"{self.max_point_s:g} s a point and {self.series_budget_s:g} s a series")
 
     def describe_profile(self) -> str:
         parts = ([] if self.pause_mean_s is None else [f"mean pause {self.pause_mean_s:g} s"]) + (
@@ -112,6 +142,8 @@ class DemoConfig:
 class DemoResult:
     sweeps: dict[str, SweepResult]
     fleets: dict[str, FleetPlan | None]
+    ratio: KneeRatio | None  # tuned's knee over stock's, with its range; None: a knee is missing
+    machine: MachineInfo
     json_path: Path
     html_path: Path
     seconds: float
@@ -131,7 +163,7 @@ def sweep_series(cfg: DemoConfig, series: SeriesSpec, con: Console) -> SweepResu
     with start_server(series, cfg.out_dir) as url:
         proto = RunProtocol(url, cfg.load_spec(), parse_slo(cfg.slo), repeats=cfg.repeats, base_seed=cfg.seed,
                             server_kind=series.server_kind, confidence=cfg.confidence,
-                            extend_up_to=cfg.extend_up_to)
+                            extend_up_to=cfg.extend_up_to, sizing=cfg.sizing())
         make, _ = WorkloadSource(cfg.workload_profile(), cfg.model).factory()
         spec = cfg.sweep_spec()
 
@@ -163,11 +195,14 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     path = resolve_model(cfg.model)
     budget = kv_budget_bytes(path, cfg.kv_cache_tokens)
     series = demo_series(cfg, path)
+    machine = machine_info()
+    con.print(f"machine: {machine.describe()}", highlight=False)
     con.print(f"model [bold]{cfg.model}[/] at {path}; workload {cfg.describe_profile()}; SLO {cfg.slo}")
     con.print(f"device KV budget for every series: [bold]{cfg.kv_cache_tokens:,} tokens[/] "
               f"({budget / 2**20:.1f} MiB at float32); {cfg.repeats} repeats per load point")
     tuned = cfg.engine_args()["tuned"]
     con.print(f"tuned techniques: {tuned.describe()}")
+    con.print(cfg.describe_sizing(), highlight=False)
     if cfg.parallel:
         with ThreadPoolExecutor(len(series)) as ex:
             futs = {s.name: ex.submit(sweep_series, cfg, s, con) for s in series}
@@ -178,14 +213,15 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
               for n, s in sweeps.items()}
     for n, s in sweeps.items():
         con.print(ui.sweep_table(s, f"{n}: live chats vs SLO {s.slo}"))
-        for line in ui.undecided_lines(s):
+        for line in ui.undecided_lines(s, "raise --max-point"):
             con.print(f"{n}: {line}", highlight=False)
         shown = next((p for p in s.points if p.level == s.knee), s.points[-1] if s.points else None)
         if shown is not None:
             for table in ui.breakdown_tables(shown.breakdown(), f"{n} at {shown.level:g} chats"):
                 con.print(table)
     con.print(ui.fleet_table(fleets, f"fleet for {cfg.peak_chats} peak chats"))
-    _print_knees(sweeps, con, cfg.kv_cache_tokens)
+    ratio = _print_knees(sweeps, con, cfg.kv_cache_tokens)
+    machine_after = machine_info()
     knee_points = {n: next((p for p in s.points if p.level == s.knee), None) for n, s in sweeps.items()}
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
                 "working_set_tokens_at_knee": {n: (working_set_tokens(p) if p else None)
@@ -193,13 +229,18 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
                 "engine_args": {s.name: list(s.args) for s in series}, "model_path": str(path),
                 "kv_budget_bytes": budget, "tuned_techniques": list(tuned.applied),
                 "tuned_techniques_missing": list(tuned.missing)}
+    secs = time.monotonic() - t0
+    verdicts = {n: {"knee": s.knee, "why_none": None if s.knee is not None else why_no_knee(s)}
+                for n, s in sweeps.items()}
     doc = result_document("demo", settings, {n: sweep_to_dict(s) for n, s in sweeps.items()},
-                          {"fleet": {n: (f.to_dict() if f else None) for n, f in fleets.items()}})
+                          {"fleet": {n: (f.to_dict() if f else None) for n, f in fleets.items()},
+                           "machine": {**machine.to_dict(), "load_average_after": list(machine_after.load_average)},
+                           "knees": verdicts, "ratio": _ratio_dict(ratio, sweeps), "seconds": secs})
     jp = write_json(doc, cfg.out_dir / "result.json")
     hp = write_html(doc, cfg.out_dir / "report.html")
-    secs = time.monotonic() - t0
+    con.print(f"machine at the end: {machine_after.describe()}", highlight=False)
     con.print(f"result: {jp}\nreport: {hp}\n({secs:.0f} s)")
-    return DemoResult(sweeps, fleets, jp, hp, secs)
+    return DemoResult(sweeps, fleets, ratio, machine, jp, hp, secs)
 
 
 def working_set_tokens(point: PointResult) -> float | None:
@@ -212,27 +253,52 @@ def working_set_tokens(point: PointResult) -> float | None:
     return point.level * sum(contexts) / len(contexts)
 
 
-def _why_no_knee(s: SweepResult) -> str:
-    """Why a sweep called no knee: its lowest load broke the SLO, or stayed undecided."""
+def why_no_knee(s: SweepResult) -> str:
+    """Why a sweep called no knee: its lowest load broke the SLO, stayed undecided (and why), or
+    the sweep's budget ran out before any load was shown to meet it."""
     lowest = min(s.points, key=lambda p: p.level, default=None)
-    if lowest is not None and lowest.verdict == "undecided":
-        return f"the lowest load, {lowest.level:g}, stayed undecided: too few requests to call it"
-    return "the lowest load broke the SLO"
+    if lowest is None:
+        return "no load was measured"
+    if lowest.verdict == "undecided" and lowest.judged is not None:
+        targets = {t.key: t for t in parse_slo(s.slo).targets}
+        why = "; ".join(why_undecided(targets[k], lowest.judged.intervals[k], "raise --max-point")
+                        for k, v in lowest.judged.targets.items() if v == "undecided")
+        return f"the lowest load measured, {lowest.level:g}, stayed undecided after {len(lowest.runs)} runs: {why}"
+    text = f"the lowest load measured, {lowest.level:g}, broke the SLO"
+    return text + ("; the series' time budget ran out before a lower one" if s.out_of_budget else "")
 
 
-def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int) -> None:
+def _ratio_dict(ratio: KneeRatio | None, sweeps: dict[str, SweepResult]) -> dict:
+    if ratio is not None:
+        return {"tuned_over_stock": ratio.to_dict(), "why_none": None}
+    missing = [n for n in ("tuned", "stock") if n in sweeps and sweeps[n].knee is None]
+    return {"tuned_over_stock": None, "why_none": f"no knee for {' and '.join(missing) or 'a series'}"}
+
+
+def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int) -> KneeRatio | None:
+    """Each series' knee with its spread (or why it has none), and tuned over stock with its range."""
     for n, s in sweeps.items():
         spread = knee_spread(s.points)
-        knee = f"{s.knee:g} chats" if s.knee is not None else f"none ({_why_no_knee(s)})"
         shown = next((p for p in s.points if p.level == s.knee), None)
         ws = working_set_tokens(shown) if shown is not None else None
         memory = (f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool"
                   if ws else "")
-        con.print(f"{n}: knee {knee}; per repeat {spread.describe()}{memory}")
+        if s.knee is None:
+            con.print(f"[yellow]{n}: no knee (per repeat {spread.describe()}): {why_no_knee(s)}[/]", highlight=False)
+        else:
+            con.print(f"{n}: knee {s.knee:g} chats; per repeat {spread.describe()}{memory}", highlight=False)
         if s.knee is not None and not s.knee_reached:
+            more = "its time budget ran out (raise --series-budget)" if s.out_of_budget else "raise --max-points"
             con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "
-                      "its knee is at least that (raise --max-points)[/]")
+                      f"its knee is at least that ({more})[/]")
     stock, tuned = sweeps.get("stock"), sweeps.get("tuned")
-    if stock and tuned and stock.knee and tuned.knee:
-        con.print(f"tuned holds [bold]{tuned.knee / stock.knee:.2f}x[/] the live chats of stock "
-                  f"({tuned.knee:g} vs {stock.knee:g}) inside the SLO at the same device KV budget")
+    if stock is None or tuned is None:
+        return None
+    ratio = knee_ratio(tuned.knee, knee_spread(tuned.points), stock.knee, knee_spread(stock.points))
+    if ratio is None:
+        missing = " and ".join(n for n, sw in (("tuned", tuned), ("stock", stock)) if sw.knee is None)
+        con.print(f"[yellow]no tuned/stock ratio: no knee for {missing} (see above)[/]")
+        return None
+    con.print(f"tuned holds [bold]{ratio.describe()}[/] the live chats of stock "
+              f"({tuned.knee:g} vs {stock.knee:g}) inside the SLO at the same device KV budget")
+    return ratio

@@ -51,3 +51,39 @@ def knee_spread(points: Sequence[PointResult]) -> KneeSpread:
             knee = p.level
         knees.append(knee)
     return KneeSpread(tuple(knees))
+
+
+@dataclass(frozen=True)
+class KneeRatio:
+    """``value`` = top's knee / bottom's knee; ``low``-``high`` from their per-repeat spreads
+    (``high`` is infinite where a repeat of the bottom series met no load at all)."""
+
+    value: float
+    low: float
+    high: float
+
+    def holds(self, value: float) -> bool:
+        """Whether another run's ratio lies within this one's stated range."""
+        return self.low <= value <= self.high
+
+    def describe(self) -> str:
+        high = "unbounded" if self.high == float("inf") else f"{self.high:.2f}x"
+        return f"{self.value:.2f}x (range {self.low:.2f}x-{high} over the knees' spreads)"
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "low": self.low, "high": None if self.high == float("inf") else self.high}
+
+
+def knee_ratio(top_knee: float | None, top: KneeSpread, bottom_knee: float | None,
+               bottom: KneeSpread) -> KneeRatio | None:
+    """The ratio of two knees with its range; None where either knee is missing."""
+    if not top_knee or not bottom_knee:
+        return None
+    top_low = top.low if top.low is not None else top_knee
+    top_high = top.high if top.high is not None else top_knee
+    bottom_low = bottom.low if bottom.low is not None else bottom_knee
+    bottom_high = bottom.high if bottom.high is not None else bottom_knee
+    # the range covers the knees' own ratio even where a spread's repeats all fell to one side of it
+    low = min(top_low / bottom_high, top_knee / bottom_knee)
+    high = max(top_high / bottom_low if bottom_low > 0 else float("inf"), top_knee / bottom_knee)
+    return KneeRatio(top_knee / bottom_knee, low, high)

@@ -60,8 +60,9 @@ def judge_point(records: Iterable[RequestRecord], slo: SLO, level: float = 0.95)
     return PointVerdict(verdict, ivs, per)
 
 
-def why_undecided(target: SLOTarget, iv: StatInterval) -> str:
-    """One line for the console: the interval that straddles the target and what would decide it."""
+def why_undecided(target: SLOTarget, iv: StatInterval, more: str = "raise --duration") -> str:
+    """One line for the console: the interval that straddles the target and what would decide it
+    (``more``: how to measure more)."""
     def s(v: float) -> str:
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
@@ -71,5 +72,5 @@ def why_undecided(target: SLOTarget, iv: StatInterval) -> str:
            f"straddles {s(target.threshold_s)}"
     if target.stat.startswith("p") and math.isinf(iv.high):
         need = values_needed(float(target.stat[1:]) / 100, iv.level)
-        text += f"; a bound above needs >= {need} values (raise --duration)"
+        text += f"; a bound above needs >= {need} values ({more})"
     return text

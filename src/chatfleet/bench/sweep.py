@@ -8,7 +8,10 @@ SLO breaks, then bisects: the knee is the highest load that meets it.
 With a ``confidence`` level a point is judged by intervals over its requests pooled
 (``point_verdict``): it passes only where every target's interval meets the SLO, fails only where
 one breaks it, and an undecided point is measured again, one run of the same length at a time, up
-to ``extend_up_to`` times its repeats. A knee is never called on an undecided point.
+to ``extend_up_to`` times its repeats. A knee is never called on an undecided point. With
+``sizing`` (``point_sizing``) those later runs are as long as the point needs for its intervals to be
+able to decide (a p95 needs 72 values before it can be bounded above), within a cap on the point's
+measured seconds; a sweep's ``budget_s`` caps the measured seconds of all its points.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
+from chatfleet.bench.point_sizing import PointSizing, values_needed_for
 from chatfleet.bench.point_verdict import PointVerdict, judge_point
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
@@ -47,6 +51,7 @@ class RunProtocol:
     api_key: str | None = None  # sent as 'Authorization: Bearer ...'
     confidence: float | None = None  # judge points by intervals at this level; None: by the estimate
     extend_up_to: int = 3  # an undecided point runs up to this many times its repeats
+    sizing: PointSizing | None = None  # with a confidence level: size an undecided point's later runs
 
     @property
     def headers(self) -> dict[str, str]:
@@ -70,8 +75,11 @@ class SweepSpec:
     growth: float = 2.0
     resolution: float = 1.0  # stop bisecting when the pass/fail bracket is this narrow
     max_points: int = 12
+    budget_s: float | None = None  # measured seconds over all points; None: unbounded
 
     def __post_init__(self) -> None:
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ConfigError(f"a sweep's time budget must be > 0 seconds, got {self.budget_s:g}")
         if self.start <= 0 or self.max_level < self.start:
             raise ConfigError(f"sweep needs 0 < start <= max, got start={self.start} max={self.max_level}")
         if self.growth <= 1:
@@ -142,7 +150,8 @@ class SweepResult:
     slo: str
     points: list[PointResult]
     knee: float | None  # highest passing load; None if even the lowest failed
-    knee_reached: bool  # False: the sweep hit max_level without breaking the SLO
+    knee_reached: bool  # False: the sweep stopped (max_level, max_points, budget) without breaking the SLO
+    out_of_budget: bool = False  # the sweep stopped because its measured seconds were spent
 
     def point(self, level: float) -> PointResult | None:
         return next((p for p in self.points if p.level == level), None)
@@ -183,14 +192,17 @@ class Bench:
         self.obs = observer or Observer()
         self.control = ServerControl(protocol.url, client.model, protocol.server_kind, headers=protocol.headers)
         self.runs_done = 0
+        self.measured_s = 0.0  # measured seconds of every run so far
 
     async def close(self) -> None:
         await self.control.close()
 
-    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
+    async def run_once(self, level: float, repeat: int, extension: bool = False,
+                       duration_s: float | None = None) -> RunRecord:
+        """One run at ``level``, ``duration_s`` measured seconds long (None: the load's own)."""
         seed = self.p.base_seed + 1000 * self.runs_done + 1  # a new seed for every run
         self.runs_done += 1
-        load = replace(self.p.load, level=level)
+        load = replace(self.p.load, level=level, duration_s=duration_s or self.p.load.duration_s)
         reset = await self.control.reset_verified(self.p.verify_reset)
         workload = self.make_workload(seed)
         self.obs.run_started(level, repeat, seed, load)
@@ -206,54 +218,107 @@ class Bench:
         run = RunRecord(level, repeat, seed, reset, tel, throttled(tel, floor),
                         summarize(res.records, self.p.slo, res.window_s), res.started_unix,
                         res.conversations, res.records, extension)
+        self.measured_s += res.window_s
         self.obs.run_finished(run)
         return run
 
-    async def run_point(self, level: float) -> PointResult:
-        runs: list[RunRecord] = []
-        for rep in range(self.p.repeats):
-            run = await self.run_once(level, rep)
+    async def _repeat(self, level: float, rep: int, runs: list[RunRecord], extension: bool = False,
+                      duration_s: float | None = None) -> None:
+        """One run into ``runs``; a throttled one is set aside and measured again (bounded)."""
+        run = await self.run_once(level, rep, extension, duration_s)
+        runs.append(run)
+        reruns = self.p.throttle_reruns
+        while run.throttled and reruns > 0:
+            reruns -= 1
+            run = await self.run_once(level, rep, extension, duration_s)
             runs.append(run)
-            reruns = self.p.throttle_reruns
-            while run.throttled and reruns > 0:  # set aside, and measured again
-                reruns -= 1
-                run = await self.run_once(level, rep)
-                runs.append(run)
-        kept = [r for r in runs if not r.throttled] or runs
+
+    async def run_point(self, level: float, max_s: float | None = None) -> PointResult:
+        """Measure ``level``: its repeats, then (judged by intervals) runs to decide it if undecided;
+        ``max_s`` caps a sized point's measured seconds below the protocol's own cap."""
+        runs: list[RunRecord] = []
         if self.p.confidence is None:
+            for rep in range(self.p.repeats):
+                await self._repeat(level, rep, runs)
+            kept = _kept(runs)
             iv = _point_intervals(kept, self.p.slo)
             passed = all(t.ok(iv[t.key].mean) for t in self.p.slo.targets) and all(r.summary.requests > 0 for r in kept)
             return PointResult(level, runs, passed, iv)
-        judged = judge_point((rec for r in kept for rec in r.records), self.p.slo, self.p.confidence)
+        confidence = self.p.confidence
+        sizing = self.p.sizing
+        if sizing is not None and max_s is not None:
+            sizing = replace(sizing, max_point_s=max(sizing.base_s, min(sizing.max_point_s, max_s)))
+        needed = values_needed_for(self.p.slo, confidence)
+
+        def judge() -> PointVerdict:
+            return judge_point((rec for r in _kept(runs) for rec in r.records), self.p.slo, confidence)
+
+        def sized(judged: PointVerdict, runs_left: int) -> float:
+            """The next run's seconds for an undecided point (0.0: its cap is spent)."""
+            assert sizing is not None
+            have = {k: iv.n for k, iv in judged.intervals.items()}
+            return sizing.next_run_s(needed, have, sum(r.summary.window_s for r in _kept(runs)), runs_left)
+
+        judged: PointVerdict | None = None
+        for rep in range(self.p.repeats):
+            duration = None  # the first run, and the repeats of a decided point: the load's own
+            if sizing is not None and judged is not None and judged.verdict == "undecided":
+                duration = sized(judged, self.p.repeats - rep) or None
+            await self._repeat(level, rep, runs, duration_s=duration)
+            judged = judge()
+        assert judged is not None  # repeats >= 1
         extensions = 0
         while judged.verdict == "undecided" and extensions < (self.p.extend_up_to - 1) * self.p.repeats:
-            runs.append(await self.run_once(level, self.p.repeats + extensions, extension=True))
+            duration = sized(judged, 1) if sizing is not None else None
+            if duration == 0.0:
+                break
+            runs.append(await self.run_once(level, self.p.repeats + extensions, extension=True, duration_s=duration))
             extensions += 1
-            kept = [r for r in runs if not r.throttled] or runs
-            judged = judge_point((rec for r in kept for rec in r.records), self.p.slo, self.p.confidence)
+            judged = judge()
+        kept = _kept(runs)
         passed = judged.verdict == "pass" and all(r.summary.requests > 0 for r in kept)
         return PointResult(level, runs, passed, _point_intervals(kept, self.p.slo), judged)
 
 
+def _kept(runs: list[RunRecord]) -> list[RunRecord]:
+    return [r for r in runs if not r.throttled] or runs
+
+
 async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
-    """Raise the load geometrically until the SLO breaks, then bisect to ``resolution``."""
+    """Raise the load geometrically until the SLO breaks, then bisect to ``resolution``; with a
+    ``budget_s``, no point starts once the sweep's measured seconds are spent, and a sized point
+    measures at most what is left."""
     integer = bench.p.load.mode != "open"
     points: list[PointResult] = []
+    spent_before = bench.measured_s
+    out_of_budget = False
 
     def norm(x: float) -> float:
         return float(max(1, round(x))) if integer else round(x, 6)
 
-    async def measure(level: float) -> bool:
+    def left_s() -> float | None:
+        return None if spec.budget_s is None else spec.budget_s - (bench.measured_s - spent_before)
+
+    async def measure(level: float) -> bool | None:
+        """Whether ``level`` met the SLO; None: the budget is spent, the sweep stops."""
+        nonlocal out_of_budget
         done = next((p for p in points if p.level == level), None)
         if done is None:
-            done = await bench.run_point(level)
+            left = left_s()
+            if left is not None and left <= 0:
+                out_of_budget = True
+                return None
+            done = await bench.run_point(level, left)
             points.append(done)
         return done.passed
 
     lo, hi = 0.0, None
     level = norm(spec.start)
     while len(points) < spec.max_points:
-        if await measure(level):
+        met = await measure(level)
+        if met is None:
+            break
+        if met:
             lo = level
             if level >= spec.max_level:
                 break
@@ -268,9 +333,13 @@ async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
             mid = float(math.floor(mid)) if integer else round(mid, 6)
             if mid <= lo or mid >= hi or (integer and mid < 1):
                 break
-            if await measure(mid):
+            met = await measure(mid)
+            if met is None:
+                break
+            if met:
                 lo = mid
             else:
                 hi = mid
     points.sort(key=lambda p: p.level)
-    return SweepResult(bench.p.load.mode, str(bench.p.slo), points, lo if lo > 0 else None, hi is not None)
+    return SweepResult(bench.p.load.mode, str(bench.p.slo), points, lo if lo > 0 else None, hi is not None,
+                       out_of_budget)

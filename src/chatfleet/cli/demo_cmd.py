@@ -28,7 +28,11 @@ def demo(
     threads: int = typer.Option(_D.threads, "--threads", help="torch threads per engine."),
     parallel: bool = typer.Option(False, "--parallel", help="Run the series at once (use --threads 1) "
                                   "instead of one after the other."),
-    duration: float = typer.Option(_D.duration_s, "--duration", help="Measured seconds per load point."),
+    duration: float = typer.Option(_D.duration_s, "--duration", help="Measured seconds of a point's first run; an "
+                                   "undecided point runs on until its intervals can decide it."),
+    max_point: float = typer.Option(_D.max_point_s, "--max-point", help="Most measured seconds per load point."),
+    series_budget: float = typer.Option(_D.series_budget_s, "--series-budget",
+                                        help="Most measured seconds per series (its sweep stops there)."),
     warmup: float = typer.Option(_D.warmup_s, "--warmup", help="Warmup seconds per load point."),
     start: int = typer.Option(_D.start, "--start", help="First load level (live chats); doubled until the SLO breaks."),
     max_points: int = typer.Option(_D.max_points, "--max-points", help="Most load points per series."),
@@ -53,7 +57,8 @@ def demo(
         tech = TechniqueSettings(max_running=max_running, host_cache_memory=host_cache_memory)
         cfg = DemoConfig(model=model, profile=profile, join=join, slo=slo, peak_chats=peak, headroom=headroom,
                          price_per_gpu_hour=price, threads=threads, parallel=parallel, duration_s=duration,
-                         warmup_s=warmup, start=start, max_points=max_points, repeats=repeats,
+                         max_point_s=max_point, series_budget_s=series_budget, warmup_s=warmup, start=start,
+                         max_points=max_points, repeats=repeats,
                          confidence=confidence or None, extend_up_to=extend_up_to, kv_cache_tokens=kv_cache_tokens,
                          techniques=tech, with_vllm=with_vllm, vllm_python=vllm_python, seed=seed)
         if out_dir:  # else the config's own default: a new folder under runs/
