@@ -22,6 +22,7 @@ _REPLIES = {"/v1/chat/completions": ChatCompletionResponse, "/v1/completions": C
 _ERRORS = {
     400: "The request is malformed or names a model not served here",
     401: "Missing or invalid API key",
+    404: "The request names a model no replica serves",
     413: "The request body is over the gateway's limit",
     429: "Over capacity: retry after the Retry-After header's seconds",
     502: "No replica could serve the request",
@@ -46,19 +47,25 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorResponse, "description": _ERRORS[s]} for s in statuses}
 
 
+# Generation routes answer JSON, or server-sent events when the request streams.
+_GENERATED = {"description": "The reply, or with stream: true its chunks as server-sent events",
+              "content": {"application/json": {}, "text/event-stream": {}}}
+
+
 def gateway_openapi(title: str, version: str) -> dict[str, Any]:
     routes = []
     for path, request_model in ENDPOINTS.items():
         name = path.rsplit("/", 1)[-1].replace(".", "_")
         routes.append(APIRoute(path, _stub(name, request_model), methods=["POST"],
                                response_model=_REPLIES[path], description=_STREAM,
-                               responses=_errors(400, 401, 413, 429, 502, 503)))
+                               responses={200: _GENERATED, **_errors(400, 401, 404, 413, 429, 502, 503)}))
     routes += [
         APIRoute("/v1/models", _stub("models"), methods=["GET"], response_model=ModelList,
                  description="Models of the healthy replicas.", responses=_errors(401)),
         APIRoute("/health", _stub("health"), methods=["GET"],
                  description="200 while some replica is healthy, else 503.", responses=_errors(503)),
-        APIRoute("/metrics", _stub("metrics"), methods=["GET"], description="Prometheus text format."),
+        APIRoute("/metrics", _stub("metrics"), methods=["GET"], description="Prometheus text format.",
+                 responses={200: {"description": "The gateway's series", "content": {"text/plain": {}}}}),
         APIRoute("/gateway/status", _stub("gateway_status"), methods=["GET"],
                  description="Replica states, caps, queues and shed counts as JSON.", responses=_errors(401)),
     ]

@@ -142,6 +142,10 @@ class JsonSchemaFormat(_Wire):
 class ResponseFormat(_Wire):
     """``{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}``."""
 
+    model_config = ConfigDict(json_schema_extra={"allOf": [{  # the rule _schema enforces
+        "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
+        "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}}}]})
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -165,6 +169,9 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 STREAM_OPTIONS_RULE: JsonDict = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+TOP_LOGPROBS_RULE: JsonDict = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 TOOL_CHOICE_RULE: JsonDict = {
     "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"type": "null"}}}},
     "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}
@@ -180,7 +187,10 @@ class SamplingFields(_Wire):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # extension
     seed: int | None = None  # any integer; the engine draws from it modulo 2**64
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [  # as _check_stop refuses
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_STRINGS},
+        {"type": "null"}]})] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # extension
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
@@ -253,7 +263,8 @@ class SamplingFields(_Wire):
 
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="allow", strict=True,
-                              json_schema_extra={"allOf": [STREAM_OPTIONS_RULE, TOOL_CHOICE_RULE]})
+                              json_schema_extra={"allOf": [STREAM_OPTIONS_RULE, TOOL_CHOICE_RULE,
+                                                                  TOP_LOGPROBS_RULE]})
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
