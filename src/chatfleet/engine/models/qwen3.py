@@ -102,33 +102,37 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Like transformers: normalize in float32, cast back, then scale.
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+        return rms_norm_then_scale(x, self.weight, self.eps)
+
+
+def rms_norm_then_scale(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Like transformers in every dtype: normalize (in float32 inside ``rms_norm`` for a 16-bit
+    ``x``), round to ``x``'s dtype, then scale by ``weight`` (which broadcasts over ``x``'s
+    trailing dims). Two ops, no explicit casts."""
+    return F.rms_norm(x, (x.shape[-1],), None, eps).mul_(weight)
 
 
 class Rotary:
-    """cos/sin tables for every position, built once (float32 math, like transformers)."""
+    """cos and sign-folded sin tables for every position, built once (float32 math, like
+    transformers): ``sin`` holds -sin on the first half of each row, so that
+    ``rotate_half(x) * sin == roll(x, D/2) * folded_sin`` exactly and RoPE is three ops."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
         t = torch.arange(max_positions, device=device, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(dtype)
+        sin = freqs.sin()
+        self.sin = torch.cat((-sin, sin), dim=-1).to(dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` over x [T, H, D] with the tables of ``Rotary.lookup``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), folded_sin)
 
 
 class Qwen3Attention(nn.Module):
@@ -141,17 +145,30 @@ class Qwen3Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.eps = cfg.rms_norm_eps
         self.scale = cfg.head_dim**-0.5
         self.kernels = "torch"
         self.kv_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # sees k, v (KV scales)
+        self.qk_norm_weight: torch.Tensor | None = None  # [Hq + Hkv, D], see fuse_qk_norms
+
+    def fuse_qk_norms(self) -> None:
+        """q_norm's weight for every q head, then k_norm's for every kv head, as one table, so
+        that one norm and one RoPE run over the q|k heads together (after the weights are
+        loaded; ``Qwen3ForCausalLM.init_rotary`` calls it)."""
+        q_w, k_w = self.q_norm.weight.detach(), self.k_norm.weight.detach()
+        self.qk_norm_weight = torch.cat((q_w.expand(self.num_heads, -1), k_w.expand(self.num_kv_heads, -1)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        if self.qk_norm_weight is None:
+            self.fuse_qk_norms()
+        assert self.qk_norm_weight is not None
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = apply_rope(rms_norm_then_scale(qk, self.qk_norm_weight, self.eps), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.kv_observer is not None:
             self.kv_observer(k, v)
         if meta is None:
@@ -184,8 +201,9 @@ class Qwen3DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # The sublayers' outputs are fresh tensors: the residual adds go into them.
+        x = self.self_attn(self.input_layernorm(x), cos, sin, meta, cache).add_(x)
+        return self.mlp(self.post_attention_layernorm(x)).add_(x)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -212,10 +230,13 @@ class Qwen3ForCausalLM(nn.Module):
         self.kernels = switch_kernels(self, attention, self.kernels, kernels)
 
     def init_rotary(self) -> None:
-        """Build the RoPE tables on the parameters' device and dtype (after weights are placed)."""
+        """Build the RoPE tables on the parameters' device and dtype, and each layer's fused q/k
+        norm weights (after the weights are placed and loaded)."""
         w = self.norm.weight  # the compute dtype (the embedding table may be FP8)
         self.rotary = Rotary(self.config.head_dim, self.config.rope_theta,
                              self.config.max_position_embeddings, w.dtype, w.device)
+        for layer in self.decoder_layers:
+            layer.self_attn.fuse_qk_norms()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn_metadata: AttentionMetadata | None = None,
