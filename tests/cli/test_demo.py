@@ -20,6 +20,17 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     assert "per repeat" in r.output and "by turn" in r.output and "by pause" in r.output
     doc = json.loads((out / "result.json").read_text())
     assert doc["kind"] == "demo" and set(doc["series"]) == {"stock", "tuned"}
+    # The machine it ran on, and the ratio with its range or, plainly, why there is none.
+    assert "machine: " in r.output and doc["machine"]["cpu_model"] and doc["machine"]["logical_cpus"] >= 1
+    ratio = doc["ratio"]
+    if doc["series"]["stock"]["knee"] and doc["series"]["tuned"]["knee"]:
+        t = ratio["tuned_over_stock"]
+        assert t["low"] <= t["value"] <= (t["high"] or float("inf")) and "tuned holds" in r.output
+    else:
+        assert ratio["tuned_over_stock"] is None and "no knee for" in ratio["why_none"]
+        assert "no tuned/stock ratio" in r.output and "no knee (per repeat" in r.output
+        missing = [n for n, sw in doc["series"].items() if not sw["knee"]]
+        assert all(doc["knees"][n]["why_none"] for n in missing)
     args = doc["settings"]["engine_args"]
     # Stock is the engine's defaults (prefix cache and chunked prefill on) at the shared budget.
     assert args["stock"] == ["--kv-cache-tokens", "1024"]
@@ -44,4 +55,5 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
         return cached / sum(h["prompt_tokens"] for s in runs for h in s["hits_by_turn"].values())
     assert hit_rate("stock") > 0.2 and hit_rate("tuned") > 0.2
     page = (out / "report.html").read_text()
+    assert "Machine: " in page and ("tuned / stock" in page or "No tuned / stock ratio" in page)
     assert page.count("<img") == 4 and "by turn index" in page and "by pause before the turn" in page

@@ -59,9 +59,10 @@ class DemoConfig:
     threads: int = 2
     duration_s: float = 8.0  # a point's first run; an undecided point's later runs are sized
     warmup_s: float = 3.0
-    max_run_s: float = 90.0  # the longest single sized run
-    max_point_s: float = 150.0  # measured seconds one point may spend deciding
-    series_budget_s: float = 240.0  # measured seconds one series' sweep may spend
+    max_run_s: float = 60.0  # the longest single sized run (the point is judged again after each)
+    max_point_s: float = 240.0  # measured seconds one point may spend deciding (a p95 at 1 chat: ~200 s)
+    max_doubling_s: float = 60.0  # a point leaning broken, or straddling with its values, stops doubling here
+    series_budget_s: float = 330.0  # measured seconds one series' sweep may spend
     start: int = 4
     max_level: int = 64
     max_points: int = 4
@@ -117,7 +118,7 @@ class DemoConfig:
     def sizing(self) -> PointSizing:
         """How long an undecided point may measure (its first run is ``duration_s``)."""
         return PointSizing(self.duration_s, max(self.duration_s, self.max_run_s),
-                           max(self.duration_s, self.max_point_s))
+                           max(self.duration_s, self.max_point_s), max(self.duration_s, self.max_doubling_s))
 
     def describe_sizing(self) -> str:
         if self.confidence is None:
@@ -125,7 +126,8 @@ class DemoConfig:
         needs = ", ".join(f"{k} {n}" for k, n in values_needed_for(parse_slo(self.slo), self.confidence).items())
         return (f"each point {self.repeats} runs, the first {self.duration_s:g} s; an undecided point runs on until "
                 f"each target has the values its {self.confidence:.0%} interval needs ({needs}), at most "
-                f"{self.max_point_s:g} s a point and {self.series_budget_s:g} s a series")
+                f"{self.max_point_s:g} s a point ({self.max_doubling_s:g} s once it has them, or leans broken) "
+                f"and {self.series_budget_s:g} s a series")
 
     def describe_profile(self) -> str:
         parts = ([] if self.pause_mean_s is None else [f"mean pause {self.pause_mean_s:g} s"]) + (

@@ -63,7 +63,7 @@ def _seconds(v: float) -> str:
 VERDICT_CELLS = {"pass": "met", "fail": "<b>broken</b>", "undecided": "<i>undecided</i>"}
 
 
-def _points_table(name: str, sw: dict) -> str:
+def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
     """One row per load point: its verdict, runs, and each figure with its interval; for a judged
     point each SLO target as estimate [interval] over n requests; the undecided ones explained."""
     keys = [k for k in (sw["points"][0]["intervals"] if sw["points"] else {}) if k not in ("request_rate",)]
@@ -94,7 +94,7 @@ def _points_table(name: str, sw: dict) -> str:
                 notes.append(f"load {p['level']:g}: {why_undecided(targets[k], iv)}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
-    knee_txt = "none (no load was shown to meet the SLO)" if knee is None else f"{knee:g}" + (
+    knee_txt = f"none ({why_no_knee or 'no load was shown to meet the SLO'})" if knee is None else f"{knee:g}" + (
         "" if sw.get("knee_reached") else " (not reached: the sweep's maximum still met the SLO)")
     spread = sw.get("knee_spread") or {}
     if len(spread.get("knees") or ()) > 1:
@@ -109,6 +109,27 @@ def _points_table(name: str, sw: dict) -> str:
     if notes:
         explain += "<ul>" + "".join(f"<li>undecided at {html.escape(n)}</li>" for n in notes) + "</ul>"
     return (f"<h3>{html.escape(name)}: knee {knee_txt}</h3><table><tr>{head}</tr>{''.join(rows)}</table>{explain}")
+
+
+def _machine_and_ratio(doc: dict) -> str:
+    """The machine the result was measured on and, for the demo, tuned's knee over stock's."""
+    out = ""
+    m = doc.get("machine")
+    if m:
+        load = " ".join(f"{x:.2f}" for x in m.get("load_average") or ())
+        after = " ".join(f"{x:.2f}" for x in m.get("load_average_after") or ())
+        out += (f"<p>Machine: {html.escape(str(m.get('cpu_model')))}, {m.get('logical_cpus')} CPUs; load average "
+                f"{load} at the start" + (f", {after} at the end" if after else "") + "</p>")
+    r = doc.get("ratio")
+    if r:
+        t = r.get("tuned_over_stock")
+        if t:
+            high = "unbounded" if t.get("high") is None else f"{t['high']:.2f}x"
+            out += (f"<p><b>tuned / stock: {t['value']:.2f}x</b> the live chats inside the SLO (range "
+                    f"{t['low']:.2f}x-{high} from the knees' spreads over repeats)</p>")
+        else:
+            out += f"<p><b>No tuned / stock ratio</b>: {html.escape(str(r.get('why_none')))}.</p>"
+    return out
 
 
 def render_html(doc: dict) -> str:
@@ -127,7 +148,8 @@ def render_html(doc: dict) -> str:
             for n, f in doc["fleet"].items() if f)
         fleet = ("<h2>Fleet</h2><table><tr><th>series</th><th>knee (chats/replica)</th><th>peak chats</th>"
                  f"<th>replicas</th><th>GPUs</th><th>cost per conversation-hour</th></tr>{rows}</table>")
-    tables = "".join(_points_table(n, sw) for n, sw in series.items())
+    knees = doc.get("knees") or {}
+    tables = "".join(_points_table(n, sw, (knees.get(n) or {}).get("why_none")) for n, sw in series.items())
     figs = "".join(f'<figure><img src="data:image/png;base64,{p.png_base64}" alt="{p.key}">'
                    f"<figcaption>{html.escape(p.caption)}</figcaption></figure>" for p in imgs)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>chatfleet {html.escape(doc['kind'])}</title>
@@ -138,7 +160,7 @@ pre{{background:#f6f6f6;padding:1em}}</style>
 </head><body><h1>chatfleet {html.escape(doc['kind'])}</h1>
 <p>SLO: <code>{html.escape(next(iter(series.values()))['slo'] if series else '')}</code>. Loads are
 {html.escape(next(iter(series.values()))['mode'] if series else '')}-loop levels; intervals are 95% over repeats.</p>
-{fleet}{tables}{figs}<h2>Warm cache: hit rate and TTFT by turn and by pause</h2>
+{_machine_and_ratio(doc)}{fleet}{tables}{figs}<h2>Warm cache: hit rate and TTFT by turn and by pause</h2>
 <p>Hit rate per request is <code>usage.prompt_tokens_details.cached_tokens / prompt_tokens</code> as the
 server reported it; "hit rate" weights requests by their prompt tokens.</p>{breakdown_tables(series)}
 <h2>Settings</h2><pre>{settings}</pre></body></html>"""

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
-from chatfleet.bench.point_sizing import PointSizing, values_needed_for
+from chatfleet.bench.point_sizing import PointSizing, leans_broken, values_needed_for
 from chatfleet.bench.point_verdict import PointVerdict, judge_point
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
@@ -186,13 +186,14 @@ def _point_intervals(runs: list[RunRecord], slo: SLO) -> dict[str, Interval]:
 class Bench:
     """Runs load points under the protocol against one server."""
 
+    measured_s = 0.0  # measured seconds of every run so far (a sweep's budget reads it)
+
     def __init__(self, protocol: RunProtocol, client: ClientConfig, make_workload: Callable[[int], Workload],
                  observer: Observer | None = None) -> None:
         self.p, self.client, self.make_workload = protocol, client, make_workload
         self.obs = observer or Observer()
         self.control = ServerControl(protocol.url, client.model, protocol.server_kind, headers=protocol.headers)
         self.runs_done = 0
-        self.measured_s = 0.0  # measured seconds of every run so far
 
     async def close(self) -> None:
         await self.control.close()
@@ -257,7 +258,8 @@ class Bench:
             """The next run's seconds for an undecided point (0.0: its cap is spent)."""
             assert sizing is not None
             have = {k: iv.n for k, iv in judged.intervals.items()}
-            return sizing.next_run_s(needed, have, sum(r.summary.window_s for r in _kept(runs)), runs_left)
+            measured = sum(r.summary.window_s for r in _kept(runs))
+            return sizing.next_run_s(needed, have, measured, runs_left, leans_broken(self.p.slo, judged))
 
         judged: PointVerdict | None = None
         for rep in range(self.p.repeats):

@@ -71,17 +71,18 @@ class SimBench(Bench):
     async def close(self) -> None:
         return None
 
-    def _start_run(self, level: float, repeat: int) -> RunStart:
+    def _start_run(self, level: float, repeat: int, duration_s: float | None = None) -> RunStart:
         """A run's own seed (new every run, as a measured sweep's), its load and its workload."""
         seed = self.p.base_seed + 1000 * self.runs_done + 1
         self.runs_done += 1
-        load = replace(self.p.load, level=level)
+        load = replace(self.p.load, level=level, duration_s=duration_s or self.p.load.duration_s)
         workload = self.make_workload(seed)
         self.obs.run_started(level, repeat, seed, load)
         return RunStart(seed, load, workload)
 
-    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
-        start = self._start_run(level, repeat)
+    async def run_once(self, level: float, repeat: int, extension: bool = False,
+                       duration_s: float | None = None) -> RunRecord:
+        start = self._start_run(level, repeat, duration_s)
         seed, load, workload = start.seed, start.load, start.workload
         replica = self.replica.build("replica-0", self.clock)
         loop_task = asyncio.create_task(replica.run())

@@ -52,8 +52,9 @@ class FleetBench(SimBench):
         self.gateway = gateway or GatewayConfig()
         self.fleet_stats: dict[float, FleetStats] = {}
 
-    async def run_once(self, level: float, repeat: int, extension: bool = False) -> RunRecord:
-        start = self._start_run(level, repeat)
+    async def run_once(self, level: float, repeat: int, extension: bool = False,
+                       duration_s: float | None = None) -> RunRecord:
+        start = self._start_run(level, repeat, duration_s)
         seed, load, workload = start.seed, start.load, start.workload
         names = [f"replica-{i}" for i in range(self.num_replicas)]
         replicas = {n: self.replica.build(n, self.clock) for n in names}
