@@ -21,7 +21,8 @@ def engine(
     model: str = typer.Option(_E.model, "--model", help="Local HF folder, or 'tiny' / 'small' (built once)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind."),
-    dtype: str = typer.Option(_E.dtype, "--dtype", help="float32, bfloat16 or float16."),
+    dtype: str = typer.Option(_E.dtype, "--dtype", help="float32, bfloat16, float16 or auto (bfloat16 where "
+                              "the CPU computes it natively, else float32; on CUDA the checkpoint's)."),
     device: str = typer.Option(_E.device, "--device", help="auto (CUDA when present), cpu, cuda or cuda:N."),
     gpu_memory_utilization: float | None = typer.Option(
         None, "--gpu-memory-utilization",

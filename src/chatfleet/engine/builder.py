@@ -135,6 +135,8 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
 
     utilization = config.gpu_memory_utilization
     config = replace(config, device=resolve_device_name(config.device), gpu_memory_utilization=None)
+    if config.dtype == "auto":
+        config = replace(config, dtype=_auto_dtype(config))
     loaded = _load_model(config)
     memory: MemoryBreakdown | None = None
     gpu_plan: GpuMemoryPlan | None = None
@@ -196,6 +198,17 @@ def _size_pool_for_gpu(config: EngineConfig, loaded: Any, utilization: float) ->
     weights = engine_memory(config, loaded.hf_config).weight_bytes
     plan = GpuMemoryPlan(config.device, probe.total_bytes(), utilization, weights, activations, tokens).check()
     return replace(config, cache=replace(config.cache, memory_bytes=plan.kv_bytes)), plan
+
+
+def _auto_dtype(config: EngineConfig) -> str:
+    """What ``--dtype auto`` means for this model on the (resolved) device."""
+    from chatfleet.engine.builtin_models.tiny import resolve_model
+    from chatfleet.engine.models.dtype import dtype_for_auto
+
+    folder = resolve_model(config.model) if config.device.startswith("cuda") else None
+    dtype = dtype_for_auto(config.device, folder)
+    log.info("--dtype auto: %s on %s", dtype, config.device)
+    return dtype
 
 
 def _load_model(config: EngineConfig) -> Any:

@@ -32,6 +32,9 @@ def parse_memory_size(value: str | int | float) -> int:
     return int(number * scale)
 
 
+# auto: bfloat16 on a CPU that computes it natively, else float32; on CUDA the checkpoint's
+# torch_dtype (models/dtype.py; resolved when the engine loads the model, like --device auto).
+MODEL_DTYPES = ("float32", "bfloat16", "float16", "auto")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")  # auto: the model's dtype; fp8: e4m3
 QUANTIZATIONS = ("fp8",)  # --quantization: quantize a 16/32-bit checkpoint's linears at load
 EMBEDDING_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: one table, per-row scales
@@ -143,8 +146,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be one of float32, bfloat16, float16; got {self.dtype!r}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(MODEL_DTYPES)}; got {self.dtype!r}")
         check_device_name(self.device)
         if self.gpu_memory_utilization is not None:
             if not 0.0 < self.gpu_memory_utilization <= 1.0:

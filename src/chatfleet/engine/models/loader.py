@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from chatfleet.engine.models.checkpoint import LoadedModel, read_hf_config
+from chatfleet.engine.models.dtype import dtype_for_auto
 from chatfleet.engine.models.fp8_format import FP8WeightFormat, weights_format_for
 from chatfleet.engine.models.gemma4_config import is_gemma4
 from chatfleet.engine.models.gemma4_weights import load_gemma4
@@ -23,7 +24,8 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", kernels: str = "auto",
                language_model_only: bool = True, quantization: str | None = None,
                embedding_dtype: str = "auto") -> LoadedModel:
-    """Build the model from ``path`` (an HF Qwen3 or Gemma 4 folder) in ``dtype`` on ``device``.
+    """Build the model from ``path`` (an HF Qwen3 or Gemma 4 folder) in ``dtype`` on ``device``
+    (``dtype="auto"``: see ``dtype.py``).
 
     ``kernels``: ``auto`` (oneDNN on CPU where available), ``onednn`` or ``torch``; see linear.py.
     ``language_model_only``: a multimodal folder's vision/audio towers are never read.
@@ -35,6 +37,8 @@ def load_model(path: str | os.PathLike, dtype: str | torch.dtype = "float32",
     if not folder.is_dir():
         raise ConfigError(f"model folder {str(folder)!r} does not exist")
     hf_config = read_hf_config(folder)
+    if dtype == "auto":  # bfloat16 where the CPU computes it natively; on CUDA the checkpoint's
+        dtype = dtype_for_auto(str(torch.device(device)), folder)
     if embedding_dtype not in ("auto", "fp8"):
         raise ConfigError(f"unknown embedding dtype {embedding_dtype!r}; valid: auto, fp8")
     fmt = weights_format_for(hf_config, quantization)
