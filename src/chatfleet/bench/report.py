@@ -24,7 +24,7 @@ FORMAT_VERSION = 1
 
 def sweep_to_dict(res: SweepResult, with_records: bool = True) -> dict:
     return {"mode": res.mode, "slo": res.slo, "knee": res.knee, "knee_reached": res.knee_reached,
-            "knee_spread": knee_spread(res.points).to_dict(),
+            "out_of_budget": res.out_of_budget, "knee_spread": knee_spread(res.points).to_dict(),
             "points": [p.to_dict(with_records) for p in res.points]}
 
 
@@ -95,7 +95,8 @@ def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
     knee_txt = f"none ({why_no_knee or 'no load was shown to meet the SLO'})" if knee is None else f"{knee:g}" + (
-        "" if sw.get("knee_reached") else " (not reached: the sweep's maximum still met the SLO)")
+        "" if sw.get("knee_reached") else " (not reached: the sweep's time budget ran out)" if sw.get("out_of_budget")
+        else " (not reached: the sweep's maximum still met the SLO)")
     spread = sw.get("knee_spread") or {}
     if len(spread.get("knees") or ()) > 1:
         knee_txt += f"; per repeat {spread['low']:g}-{spread['high']:g}"
