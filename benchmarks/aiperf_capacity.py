@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import subprocess
 import sys
 import threading
@@ -241,6 +242,7 @@ class Point:
     reasons: list[str] = field(default_factory=list)
     thin: bool = False
     load_average: list[float] = field(default_factory=list)
+    client_cpu_s: float | None = None  # AIPerf's own CPU time (all its processes) for the point
 
 
 def aiperf_argv(args: argparse.Namespace, url: str, model: str, tokenizer: Path, dataset: Path,
@@ -298,6 +300,7 @@ def run_point(args: argparse.Namespace, url: str, model: str, tokenizer: Path, w
     argv = aiperf_argv(args, url, model, tokenizer, Path(stats.path), users, point_dir / "aiperf")
     point = Point(users, argv, stats)
     t0 = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(point_dir / "aiperf.log", "w") as log:
         try:
             point.returncode = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
@@ -305,6 +308,8 @@ def run_point(args: argparse.Namespace, url: str, model: str, tokenizer: Path, w
         except subprocess.TimeoutExpired:
             point.returncode = None
     point.wall_s = round(time.monotonic() - t0, 1)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    point.client_cpu_s = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)
     point.load_average = load_average()
     export = point_dir / "aiperf" / "profile_export_aiperf.json"
     if not export.exists():
@@ -357,7 +362,8 @@ def sweep(spec: SeriesSpec, args: argparse.Namespace, levels: list[int], model_d
             points.append(p)
             vals = ", ".join(f"{key} {v:.0f} ms" for key, v in p.values_ms.items())
             con.print(f"  {spec.name} {users} users: {'pass' if p.passed else 'FAIL'} ({p.requests} requests, "
-                      f"{vals}; {p.wall_s:.0f} s, load {p.load_average[0] if p.load_average else '?'})"
+                      f"{vals}; {p.wall_s:.0f} s, AIPerf CPU {p.client_cpu_s} s, "
+                      f"load {p.load_average[0] if p.load_average else '?'})"
                       + (f" [{'; '.join(p.reasons)}]" if p.reasons else ""))
             if not p.passed and not args.keep_going:
                 break
