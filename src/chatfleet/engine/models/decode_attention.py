@@ -32,7 +32,7 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [count * max_blocks] long, row-major, padded with a valid block
     mask: torch.Tensor  # [count, max_blocks * block_size] bool, True: attend
     _bias: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _bags: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _bags: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     @property
     def span(self) -> int:
@@ -47,17 +47,20 @@ class DecodeGroup:
             self._bias[num_kv_heads] = bias
         return bias
 
-    def bags(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``embedding_bag`` indices [count * group * span] and offsets [count * group]: one bag
-        per (sequence, query head of a KV group) over the cache slots of the sequence's span."""
-        bags = self._bags.get(group)
+    def bags(self, group: int, num_kv_heads: int, slots_per_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embedding_bag`` indices [num_kv_heads * count * group * span] and offsets, one bag per
+        (kv head, sequence, query head of the kv group) over the cache slots of the sequence's span,
+        as rows of the whole cache viewed [num_kv_heads * slots_per_head, D]: one bag call per layer."""
+        key = (group, num_kv_heads, slots_per_head)
+        bags = self._bags.get(key)
         if bags is None:
             d, bs, span = self.count, self.block_size, self.span
-            ids = self.block_ids.view(d, self.max_blocks, 1) * bs
-            slots = (ids + torch.arange(bs, device=ids.device)).view(d, 1, span)
-            index = slots.expand(d, group, span).reshape(-1)
-            offsets = torch.arange(0, d * group * span, span, device=ids.device)
-            bags = self._bags[group] = (index, offsets)
+            ids = self.block_ids.view(1, d, self.max_blocks, 1) * bs
+            heads = torch.arange(0, num_kv_heads * slots_per_head, slots_per_head, device=ids.device)
+            slots = (ids + heads.view(-1, 1, 1, 1) + torch.arange(bs, device=ids.device)).view(num_kv_heads, d, 1, span)
+            index = slots.expand(num_kv_heads, d, group, span).reshape(-1)
+            offsets = torch.arange(0, index.numel(), span, device=ids.device)
+            bags = self._bags[key] = (index, offsets)
         return bags
 
 
@@ -139,19 +142,15 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     bias = g.bias(num_kv_heads)
     if q.dtype == torch.float32:
         scores = torch.baddbmm(bias, qg, k.transpose(1, 2), alpha=scale)
-    else:  # low-precision inputs: softmax in float32
-        scores = torch.bmm(qg, k.transpose(1, 2)).float().mul_(scale).add_(bias)
+    else:  # low-precision inputs: scaled, masked and softmaxed in float32 (bias is float32)
+        scores = torch.add(bias, torch.bmm(qg, k.transpose(1, 2)), alpha=scale)
     probs = scores.softmax(dim=-1).to(q.dtype)  # [Hkv * d, group, span]; padding gets weight 0
     if q.device.type == "cpu" and value.dtype == q.dtype:
-        # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy.
-        index, offsets = g.bags(group)
-        out = torch.empty(d, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
-        flat_v = value.view(num_kv_heads, -1, head_dim)
-        for h in range(num_kv_heads):
-            weights = probs[h * d : (h + 1) * d].reshape(-1)
-            out[:, h] = F.embedding_bag(index, flat_v[h], offsets, mode="sum",
-                                        per_sample_weights=weights).view(d, group, head_dim)
-        return out.view(d, num_heads, head_dim)
+        # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy;
+        # one bag per (kv head, sequence, query head), all heads in one call.
+        index, offsets = g.bags(group, num_kv_heads, value[0].numel() // head_dim)
+        out = F.embedding_bag(index, value.view(-1, head_dim), offsets, mode="sum", per_sample_weights=probs.view(-1))
+        return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
     if v.dtype != q.dtype:  # an FP8 cache: its V scale and the placement, once on the output
         up = _up(q.dtype)

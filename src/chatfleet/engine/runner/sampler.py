@@ -222,7 +222,9 @@ class Sampler:
         tokens = torch.empty(n, dtype=torch.long, device=device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         random = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if greedy:
+        if len(greedy) == n:
+            tokens = logits.argmax(dim=-1)
+        elif greedy:
             g_idx = torch.tensor(greedy, device=device)
             tokens[g_idx] = logits[g_idx].argmax(dim=-1)
         if random:

@@ -286,12 +286,15 @@ class TorchRunner:
                 hidden = self.model(ids_t, pos_t, meta, self.kv_caches)
             if not rows:
                 return RunnerOutput(sampled={}, kv_transfer=transfer_stats)
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            # rows and sample_rows rise strictly: as many as there are rows means every row, in order.
+            logits = self.model.compute_logits(
+                hidden if len(rows) == hidden.shape[0] else hidden[torch.tensor(rows, device=self.device)])
             prompt_lps = {c.request_id: self._prompt_logprobs(c, logits[r : r + c.num_tokens])
                           for c, r in prompt_chunks}
             sampled: dict[str, SampledToken] = {}
             if sample_chunks:
-                sample_logits = logits[torch.tensor(sample_rows, device=self.device)]
+                sample_logits = (logits if len(sample_rows) == len(rows)
+                                 else logits[torch.tensor(sample_rows, device=self.device)])
                 sampling_rows = [
                     SamplingRow(c.sampling_params, c.num_output_tokens, c.eos_token_id, self._generator(c),
                                 c.prompt_token_ids, c.output_token_ids)
