@@ -27,6 +27,7 @@ from chatfleet.gateway.session import SessionKey, body_session
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
 from chatfleet.protocol.safe_json import MAX_DEPTH, parse_json_body
+from chatfleet.protocol.worker_priority import lower_cpu_priority
 
 ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
@@ -115,7 +116,8 @@ class BodyInspector:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:  # forkserver: never fork a process that runs threads
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
+                                             initializer=lower_cpu_priority)
         return self._pool
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi.routing import APIRoute
@@ -179,8 +179,15 @@ def check_json_content_type(header: str | None) -> None:
             f"the body's content type is {(header or '')[:80]!r}; send the request as application/json")
 
 
+# ``app.state.<this>``: an async (path, body) -> JSON value that a server sets to parse large
+# bodies its own way (the engine: in its tokenizing process, which refuses there what cannot fit).
+LARGE_BODY_PARSER = "large_body_parser"
+LargeBodyParser = Callable[[str, bytes], Awaitable[object]]
+
+
 class SafeJSONRoute(APIRoute):
-    """An APIRoute whose JSON body goes through ``parse_json_body`` before FastAPI validates it."""
+    """An APIRoute whose JSON body goes through ``parse_json_body`` before FastAPI validates it
+    (large ones through the app's ``LARGE_BODY_PARSER`` where it sets one)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         # The content type is judged here (``check_json_content_type``: none means JSON), not by
@@ -193,7 +200,10 @@ class SafeJSONRoute(APIRoute):
                 body = await request.body()
                 if body:
                     check_json_content_type(request.headers.get("content-type"))
-                    if len(body) >= OFF_LOOP_BYTES:
+                    judge = getattr(request.app.state, LARGE_BODY_PARSER, None)
+                    if len(body) >= OFF_LOOP_BYTES and judge is not None:
+                        value = await judge(request.url.path, body)
+                    elif len(body) >= OFF_LOOP_BYTES:
                         async with _one_large_parse():
                             value = await asyncio.to_thread(parse_json_body, body)
                     else:

@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from chatfleet.engine.api.large_bodies import BodyLimits, Refused, judge_body
 from chatfleet.engine.api.serving import CompletionPrompt, completion_prompt, render_chat
 from chatfleet.engine.api.tokenize_process import TokenizerProcesses, TooManyTokens
-from chatfleet.errors import RequestTooLongError
+from chatfleet.errors import InvalidRequestError, RequestTooLongError
 from chatfleet.protocol.openai import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -86,11 +87,14 @@ class PromptLengthBound:
 
     def check(self, text: str, param: str) -> None:
         if len(text) > self.max_chars:
-            raise RequestTooLongError(
-                f"the prompt has {len(text)} characters, more than the {self.max_model_len}-token"
-                f" context can hold (a token here covers at most {self.max_token_bytes} bytes)",
-                param=param,
-            )
+            raise self.refusal(len(text), param)
+
+    def refusal(self, chars: int, param: str) -> RequestTooLongError:
+        """The refusal of a prompt (``param`` "prompt") or chat ("messages") of ``chars`` characters."""
+        what = "the messages hold" if param == "messages" else "the prompt has"
+        return RequestTooLongError(
+            f"{what} {chars} characters, more than the {self.max_model_len}-token context can hold"
+            f" (a token here covers at most {self.max_token_bytes} bytes)", param=param)
 
 
 def tokens_per_message(tokenizer: Any) -> int:
@@ -142,10 +146,7 @@ class PromptBuilder:
                 elif m.content:
                     chars += sum(len(p.text or "") for p in m.content)
             if chars > self.bound.max_chars:
-                raise RequestTooLongError(
-                    f"the messages hold {chars} characters, more than the {self.max_model_len}-token context"
-                    f" can hold (a token here covers at most {self.bound.max_token_bytes} bytes)",
-                    param="messages")
+                raise self.bound.refusal(chars, "messages")
 
     async def _encode(self, text: str, param: str) -> list[int]:
         if self._processes is None:
@@ -156,6 +157,31 @@ class PromptBuilder:
                 f"the prompt has more than {int(ids)} tokens; the context holds {self.max_model_len}",
                 param=param)
         return ids
+
+    @property
+    def judges_bodies(self) -> bool:
+        """Large bodies can be judged in the tokenizing process (``parse_body``)."""
+        return self._processes is not None
+
+    async def parse_body(self, path: str, body: bytes) -> object:
+        """A large body's JSON value, parsed, validated and measured in the tokenizing process
+        (``large_bodies.py``): a body that is invalid or whose prompt cannot fit is refused there,
+        with the message the route would give, and its text never reaches this process."""
+        assert self._processes is not None, "no tokenizing process (judges_bodies is false)"
+        limits = BodyLimits(self.max_model_len, self.bound.max_chars if self.bound is not None else None)
+        out = await self._processes.run(judge_body, path, body, limits)
+        if isinstance(out, Refused):
+            raise self._refusal(out)
+        return out
+
+    def _refusal(self, refused: Refused) -> InvalidRequestError:
+        if not refused.too_long:
+            return InvalidRequestError(refused.message, param=refused.param)
+        if refused.chars and self.bound is not None:
+            return self.bound.refusal(refused.chars, refused.param or "messages")
+        what = "the messages hold" if refused.param == "messages" else "the prompt has"
+        return RequestTooLongError(f"{what} more than {refused.tokens} tokens; the context holds {self.max_model_len}",
+                                   param=refused.param)
 
     async def chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                    tools: list[dict[str, Any]] | None = None) -> list[int]:

@@ -62,7 +62,7 @@ from chatfleet.protocol.openai import (
     TokenizeResponse,
     random_id,
 )
-from chatfleet.protocol.safe_json import SafeJSONRoute
+from chatfleet.protocol.safe_json import LARGE_BODY_PARSER, SafeJSONRoute
 
 __all__ = ["build_app", "build_engine", "run_server", "RequestOutputs", "ServerState", "SSEResponse"]
 
@@ -130,6 +130,8 @@ def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start
 
     app = FastAPI(title="chatfleet engine", lifespan=lifespan)
     app.router.route_class = SafeJSONRoute
+    if prompts.judges_bodies:  # large bodies parsed and measured off the step loop's interpreter
+        setattr(app.state, LARGE_BODY_PARSER, prompts.parse_body)
     app.state.chatfleet = state
     install_exception_handlers(app)
     install_openapi(app, engine.tokenizer.vocab_size, engine.max_model_len)

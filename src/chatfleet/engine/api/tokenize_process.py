@@ -4,7 +4,10 @@ The ``tokenizers`` encoder holds the GIL (measured: a pure-Python thread beside 
 stalls for 1.3 s, ``benchmarks/hostile_bodies.py``), so a tokenizing thread still freezes the
 engine's step loop, which shares the interpreter. ``TokenizerProcesses`` encodes texts above
 ``INLINE_CHARS`` in ``workers`` spawned processes holding the same ``tokenizers`` JSON; the step
-loop's process only sends the text and reads the ids back.
+loop's process only sends the text and reads the ids back. The same workers run other work on
+the tokenizer (``run``: large request bodies are parsed, validated and measured there,
+``large_bodies.py``), and run at a lower CPU priority
+than the server (``protocol.worker_priority``).
 
 ``encode_within(tokenizer, text, max_tokens)`` never tokenizes much more than ``max_tokens``
 tokens' worth of a text that cannot fit: a long text is encoded in pieces cut before a space,
@@ -23,10 +26,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from typing import Concatenate, ParamSpec, TypeVar
 
 from tokenizers import Tokenizer
+
+from chatfleet.protocol.worker_priority import lower_cpu_priority
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 INLINE_CHARS = 8192  # shorter texts encode in the caller (a few ms): the IPC would cost more
 PIECE_CHARS = 1 << 16  # the piece size of the counting pass
@@ -82,6 +93,7 @@ def _die_with_parent() -> None:
 def _init(tokenizer_json: str) -> None:
     global _worker_tokenizer
     _die_with_parent()
+    lower_cpu_priority()  # a burst of long prompts waits here, not the step loop for a core
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
 
 
@@ -89,6 +101,11 @@ def _encode(text: str, max_tokens: int) -> list[int] | int:
     assert _worker_tokenizer is not None, "the worker was not initialized"
     out = encode_within(_worker_tokenizer, text, max_tokens)
     return -int(out) if isinstance(out, TooManyTokens) else out  # a plain int pickles small
+
+
+def _call(fn: Callable[Concatenate[Tokenizer, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+    assert _worker_tokenizer is not None, "the worker was not initialized"
+    return fn(_worker_tokenizer, *args, **kwargs)
 
 
 class TokenizerProcesses:
@@ -122,6 +139,16 @@ class TokenizerProcesses:
             self.close()
             raise
         return TooManyTokens(-out) if isinstance(out, int) else out
+
+    async def run(self, fn: Callable[Concatenate[Tokenizer, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(tokenizer, *args)`` in a worker (``fn`` a module-level function, its arguments and
+        result picklable): e.g. ``large_bodies.judge_body``."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor(), partial(_call, fn, *args, **kwargs))
+        except BrokenProcessPool:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop the workers and wait for them (an encode is bounded), so none outlives the server."""
