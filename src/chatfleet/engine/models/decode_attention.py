@@ -148,7 +148,7 @@ def _group_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g:
     if q.device.type == "cpu" and value.dtype == q.dtype:
         # P @ V as weighted sums of cache rows (embedding_bag): reads V in place, no gathered copy;
         # one bag per (kv head, sequence, query head), all heads in one call.
-        index, offsets = g.bags(group, num_kv_heads, value[0].numel() // head_dim)
+        index, offsets = g.bags(group, num_kv_heads, value.shape[1] * value.shape[2])
         out = F.embedding_bag(index, value.view(-1, head_dim), offsets, mode="sum", per_sample_weights=probs.view(-1))
         return out.view(num_kv_heads, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
     v = gather_blocks(value, g.block_ids, workspace, "v").view(num_kv_heads * d, g.span, head_dim)
