@@ -11,10 +11,8 @@ import pytest
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.machine import MachineInfo, cpu_model
-from chatfleet.bench.point_sizing import PointSizing, leans_broken, target_values_needed, values_needed_for
-from chatfleet.bench.point_verdict import judge_point
-from chatfleet.bench.quantile_ci import stat_interval
-from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.point_sizing import PointSizing, target_values_needed, target_values_to_decide, values_needed_for
+from chatfleet.bench.quantile_ci import stat_interval, values_needed, values_to_decide
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import Bench, RunProtocol, SweepSpec, sweep
 from chatfleet.bench.tokens import EstimateCounter
@@ -41,46 +39,54 @@ def test_means_and_maxima_need_few_values_and_every_target_is_listed():
     assert math.isfinite(stat_interval([0.1, 0.2], "mean").high)
 
 
+def sample(n, share, inside=0.5, outside=2.0):
+    """n values, floor(n * share) of them within a 1 s target."""
+    k = math.floor(n * share + 1e-9)
+    return np.array([inside] * k + [outside] * (n - k))
+
+
+@pytest.mark.parametrize("share", [0.99, 0.98, 0.97, 0.9, 0.8, 0.5])
+def test_the_projected_count_is_where_quantile_ci_decides_a_sample_with_that_share(share):
+    n = values_to_decide(0.95, share)
+    iv = stat_interval(sample(n, share), "p95")
+    fewer = stat_interval(sample(n - 1, share), "p95")
+    if share > 0.95:  # shown met at n values, not at one fewer
+        assert iv.high <= 1.0 < fewer.high, (share, n)
+    else:  # shown broken at n values, not at one fewer
+        assert iv.low > 1.0 >= fewer.low, (share, n)
+
+
+def test_a_share_at_the_percentile_never_decides_and_a_share_of_one_needs_the_bound():
+    assert values_to_decide(0.95, 0.95) is None and values_to_decide(0.95, 0.951, limit=2000) is None
+    assert values_to_decide(0.95, 1.0) == values_needed(0.95) == 72
+    (p95,) = parse_slo("ttft_p95<=1s").targets
+    # Below the interval's own need: that need, unless the sample leans broken and needs fewer.
+    assert target_values_to_decide(p95, sample(10, 1.0), 0.95) == 72
+    assert target_values_to_decide(p95, sample(10, 0.8), 0.95) == values_to_decide(0.95, 0.8) < 72
+    # From the need on: the projection, None where none is in reach.
+    assert target_values_to_decide(p95, sample(100, 0.98), 0.95) == values_to_decide(0.95, 0.98) > 100
+    assert target_values_to_decide(p95, sample(100, 0.95), 0.95) is None
+
+
 def test_the_next_run_closes_the_largest_shortfall_at_the_rate_seen_so_far():
     sizing = PointSizing(base_s=8, max_run_s=90, max_point_s=150)
-    needed = {"ttft_p95": 72, "itl_p95": 72}
     # 10 TTFTs in 8 s: 62 more at 1.25/s, with a margin, over the one run left.
-    one = sizing.next_run_s(needed, {"ttft_p95": 10, "itl_p95": 300}, 8.0, runs_left=1)
+    one = sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 10, "itl_p95": 300}, 8.0, runs_left=1)
     assert 62 / 1.25 < one <= 90
     # Spread over two runs left: each about half as long, never under the first run's length.
-    assert sizing.next_run_s(needed, {"ttft_p95": 10, "itl_p95": 300}, 8.0, runs_left=2) == pytest.approx(one / 2)
-    assert sizing.next_run_s(needed, {"ttft_p95": 70, "itl_p95": 300}, 8.0) == 8
-    # Enough values but still straddling: the next run doubles the sample.
-    assert sizing.next_run_s(needed, {"ttft_p95": 80, "itl_p95": 900}, 40.0) == 40
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 10}, 8.0, runs_left=2) == pytest.approx(one / 2)
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 70}, 8.0) == 8
     # No values at all: as long as allowed; capped by the longest run and by what the point has left.
-    assert sizing.next_run_s(needed, {"ttft_p95": 0}, 8.0) == 90
-    assert sizing.next_run_s(needed, {"ttft_p95": 1, "itl_p95": 1}, 120.0) == 30
-    assert sizing.next_run_s(needed, {"ttft_p95": 1, "itl_p95": 1}, 145.0) == 0.0  # spent: no further run
-    # A point whose estimate already breaks its target needs only a lower bound above it: doubled.
-    assert sizing.next_run_s(needed, {"ttft_p95": 10, "itl_p95": 300}, 8.0, leans_broken=True) == 8
-    # Doubling stops at its own cap; a point short of values may still run on to the point's cap.
-    capped = PointSizing(base_s=8, max_run_s=90, max_point_s=150, max_doubling_s=60)
-    assert capped.next_run_s(needed, {"ttft_p95": 80, "itl_p95": 900}, 40.0) == 20
-    assert capped.next_run_s(needed, {"ttft_p95": 80, "itl_p95": 900}, 56.0) == 0.0
-    assert capped.next_run_s(needed, {"ttft_p95": 10, "itl_p95": 300}, 80.0, leans_broken=True) == 0.0
-    assert capped.next_run_s(needed, {"ttft_p95": 40, "itl_p95": 900}, 80.0) == 70
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 0}, 8.0) == 90
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 60}, 120.0) == pytest.approx(12 * 1.2 * 2)
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 60}, 125.0) == 25  # what the point has left
+    assert sizing.next_run_s({"ttft_p95": 72}, {"ttft_p95": 60}, 145.0) == 0.0  # spent: no further run
+    # Out of reach: a count no sample reaches, or one the rate so far would not reach within the cap.
+    assert sizing.next_run_s({"ttft_p95": None}, {"ttft_p95": 100}, 40.0) == 0.0
+    assert sizing.next_run_s({"ttft_p95": 515}, {"ttft_p95": 100}, 40.0) == 0.0
+    assert sizing.next_run_s({"ttft_p95": 142}, {"ttft_p95": 100}, 40.0) == pytest.approx(42 * 1.2 * 0.4)
     with pytest.raises(ConfigError, match="point sizing"):
         PointSizing(base_s=8, max_run_s=4, max_point_s=150)
-    with pytest.raises(ConfigError, match="doubling cap"):
-        PointSizing(base_s=8, max_run_s=90, max_point_s=150, max_doubling_s=4)
-
-
-def record(ttft_s):
-    return RequestRecord(conv_id=0, turn=0, character_id=0, slot=0, intended_s=0.0, end_s=ttft_s + 0.1,
-                         ttft_s=ttft_s, reply_s=ttft_s + 0.1, itl_s=[0.01], output_tokens=2)
-
-
-def test_a_point_leans_broken_when_an_undecided_target_is_broken_by_its_estimate():
-    slo = parse_slo("ttft_p95<=1s")
-    slow = judge_point([record(0.5)] * 8 + [record(1.5)] * 2, slo)
-    fast = judge_point([record(0.5)] * 10, slo)
-    assert slow.verdict == fast.verdict == "undecided"
-    assert leans_broken(slo, slow) and not leans_broken(slo, fast)
 
 
 def _bench(url, slo, duration_s, **kw):

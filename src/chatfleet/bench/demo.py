@@ -11,8 +11,9 @@ steals another's cores (``parallel`` runs them at once: faster, but each slows t
 
 Each load point is sized for the SLO's percentiles (``bench/point_sizing.py``): its first run lasts
 ``duration_s`` (enough to show a clearly broken point), and an undecided point runs on until each
-target has the values its interval needs (72 for a p95 at 95%), at most ``max_point_s`` measured
-seconds a point and ``series_budget_s`` a series, so the whole demo stays bounded in time. The
+target has the values its interval needs (72 for a p95 at 95%) and as many as would decide it,
+at most ``max_point_s`` measured seconds a point and ``series_budget_s`` a series, so the whole
+demo stays bounded in time. The
 output names the CPU, each knee with its spread over repeats and the tuned/stock ratio with the
 range those spreads give, or says which verdict is missing and why.
 """
@@ -61,7 +62,6 @@ class DemoConfig:
     warmup_s: float = 3.0
     max_run_s: float = 60.0  # the longest single sized run (the point is judged again after each)
     max_point_s: float = 240.0  # measured seconds one point may spend deciding (a p95 at 1 chat: ~200 s)
-    max_doubling_s: float = 60.0  # a point leaning broken, or straddling with its values, stops doubling here
     series_budget_s: float = 330.0  # measured seconds one series' sweep may spend
     start: int = 4
     max_level: int = 64
@@ -118,16 +118,16 @@ class DemoConfig:
     def sizing(self) -> PointSizing:
         """How long an undecided point may measure (its first run is ``duration_s``)."""
         return PointSizing(self.duration_s, max(self.duration_s, self.max_run_s),
-                           max(self.duration_s, self.max_point_s), max(self.duration_s, self.max_doubling_s))
+                           max(self.duration_s, self.max_point_s))
 
     def describe_sizing(self) -> str:
         if self.confidence is None:
             return f"each point {self.repeats} runs of {self.duration_s:g} s, judged by the estimate"
         needs = ", ".join(f"{k} {n}" for k, n in values_needed_for(parse_slo(self.slo), self.confidence).items())
         return (f"each point {self.repeats} runs, the first {self.duration_s:g} s; an undecided point runs on until "
-                f"each target has the values its {self.confidence:.0%} interval needs ({needs}), at most "
-                f"{self.max_point_s:g} s a point ({self.max_doubling_s:g} s once it has them, or leans broken) "
-                f"and {self.series_budget_s:g} s a series")
+                f"each target has the values its {self.confidence:.0%} interval needs ({needs}) and as many as "
+                f"its share within the target projects to decide it, at most {self.max_point_s:g} s a point "
+                f"(less where the projection is out of reach) and {self.series_budget_s:g} s a series")
 
     def describe_profile(self) -> str:
         parts = ([] if self.pause_mean_s is None else [f"mean pause {self.pause_mean_s:g} s"]) + (

@@ -80,6 +80,35 @@ def values_needed(q: float, level: float = 0.95) -> int:
     return math.ceil(math.log((1 - level) / 2) / math.log(q))
 
 
+def values_to_decide(q: float, share_within: float, level: float = 0.95, limit: int = 20_000) -> int | None:
+    """The fewest values at which a sample with ``share_within`` of its values inside a target
+    would decide the q-quantile against it, if more values keep that share: for a share above q,
+    the interval's upper rank falls within those values (shown met); below q, its lower rank lies
+    past them (shown broken). None: not within ``limit`` values (a share at q never decides).
+    A share of 1 gives ``values_needed``: a bound above at all."""
+    if not 0 <= share_within <= 1:
+        raise ConfigError(f"share within the target must be in [0, 1], got {share_within}")
+
+    def decides(n: int) -> bool:
+        low, high = order_ranks(n, q, level)
+        within = math.floor(n * share_within + 1e-9)
+        return high <= within if share_within > q else low > within
+
+    if share_within == q or not decides(limit):
+        return None
+    hi = 1
+    while not decides(hi):  # a bracket by doubling, then the smallest n by bisection
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if decides(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def stat_interval(values: np.ndarray | list[float], stat: str, level: float = 0.95) -> StatInterval:
     """Estimate (as ``slo.stat_of``: nearest rank) and interval of ``pNN``, ``mean`` or ``max``."""
     arr = np.sort(np.asarray(values, dtype=float))

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
-from chatfleet.bench.point_sizing import PointSizing, leans_broken, values_needed_for
+from chatfleet.bench.point_sizing import PointSizing, values_to_decide_point
 from chatfleet.bench.point_verdict import PointVerdict, judge_point
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
@@ -249,17 +249,16 @@ class Bench:
         sizing = self.p.sizing
         if sizing is not None and max_s is not None:
             sizing = replace(sizing, max_point_s=max(sizing.base_s, min(sizing.max_point_s, max_s)))
-        needed = values_needed_for(self.p.slo, confidence)
-
         def judge() -> PointVerdict:
             return judge_point((rec for r in _kept(runs) for rec in r.records), self.p.slo, confidence)
 
         def sized(judged: PointVerdict, runs_left: int) -> float:
             """The next run's seconds for an undecided point (0.0: its cap is spent)."""
             assert sizing is not None
+            kept = _kept(runs)
+            needed = values_to_decide_point((rec for r in kept for rec in r.records), self.p.slo, judged, confidence)
             have = {k: iv.n for k, iv in judged.intervals.items()}
-            measured = sum(r.summary.window_s for r in _kept(runs))
-            return sizing.next_run_s(needed, have, measured, runs_left, leans_broken(self.p.slo, judged))
+            return sizing.next_run_s(needed, have, sum(r.summary.window_s for r in kept), runs_left)
 
         judged: PointVerdict | None = None
         for rep in range(self.p.repeats):
