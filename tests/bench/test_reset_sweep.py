@@ -6,6 +6,7 @@ import json
 import pytest
 
 from chatfleet.bench.client import ClientConfig
+from chatfleet.bench.console import undecided_lines
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, render_html, result_document, sweep_to_dict
 from chatfleet.bench.server_ops import ResetError, ServerControl, parse_metrics
@@ -122,6 +123,9 @@ def test_an_undecided_point_is_extended_up_to_its_bound_and_never_called(scripte
     assert d["verdict"] == "undecided" and d["confidence"]["intervals"]["ttft_p99"]["n"] == iv.n
     res = SweepResult("concurrency", "ttft_p99<=1s", [point], None, True)
     assert res.undecided == [2]
+    (line,) = undecided_lines(res)  # every request within the target: the bound above is what is missing
+    assert line.startswith("load 2 undecided after 3 runs") and "needs >= 368 values" in line
+    assert "would decide it at about 368" in line
     page = render_html(json.loads(json.dumps(result_document("sweep", {}, {"s": sweep_to_dict(res)}))))
     assert "undecided" in page and "368" in page
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from chatfleet.bench.breakdown import Breakdown
 from chatfleet.bench.fleet import FleetPlan
 from chatfleet.bench.loops import LoadSpec
+from chatfleet.bench.point_sizing import values_to_decide_point
 from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
@@ -158,12 +159,26 @@ def reset_notes(res: SweepResult) -> list[str]:
 
 
 def undecided_lines(res: SweepResult, more: str = "raise --duration") -> list[str]:
-    """Why each undecided point stayed so: the straddling interval and what would decide it."""
-    targets = {tg.key: tg for tg in parse_slo(res.slo).targets}
-    return [f"load {p.level:g} undecided after {len(p.runs)} runs: "
-            f"{why_undecided(targets[k], p.judged.intervals[k], more)}"
-            for p in res.points if p.judged is not None and p.verdict == "undecided"
-            for k, v in p.judged.targets.items() if v == "undecided"]
+    """Why each undecided point stayed so: the straddling interval and what would decide it (with
+    the values that would, projected from the point's share within the target)."""
+    slo = parse_slo(res.slo)
+    targets = {tg.key: tg for tg in slo.targets}
+    lines = []
+    for p in res.points:
+        if p.judged is None or p.verdict != "undecided":
+            continue
+        level = next(iter(p.judged.intervals.values())).level
+        to_decide = values_to_decide_point((rec for r in p.kept for rec in r.records), slo, p.judged, level)
+        for k, v in p.judged.targets.items():
+            if v != "undecided":
+                continue
+            n = to_decide.get(k)
+            have = p.judged.intervals[k].n
+            reach = ("; values like these would not decide it at any count" if n is None else
+                     f"; values like these would decide it at about {n}" if n > have else "")
+            lines.append(f"load {p.level:g} undecided after {len(p.runs)} runs: "
+                         f"{why_undecided(targets[k], p.judged.intervals[k], more)}{reach}")
+    return lines
 
 
 def fleet_table(plans: dict[str, FleetPlan | None], title: str = "fleet") -> Table:
