@@ -75,7 +75,8 @@ def measure(runner: TorchRunner, batch: int, context: int, steps: int, params: S
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
-    ap.add_argument("--dtype", default="float32", help="the model's (and activations') dtype")
+    ap.add_argument("--dtype", default="float32",
+                    help="the model's (and activations') dtype; auto: bfloat16 where the CPU has it natively")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype), bfloat16, float32, fp8")
     ap.add_argument("--quantization", default=None, choices=["fp8"], help="quantize the linears at load")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
@@ -106,7 +107,8 @@ def main() -> None:
             cpu_s = r["decode_step_ms_cpu"] / 1e3 if floor.threads == 1 else None
             r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor, cpu_s)
 
-    precision = f"{args.dtype}, KV {args.kv_cache_dtype}"
+    dtype = str(loaded.dtype).removeprefix("torch.")  # --dtype auto resolved
+    precision = f"{dtype}, KV {args.kv_cache_dtype}"
     if args.quantization:
         precision += f", {args.quantization} weights"
     machine = describe_machine(threads_used=torch.get_num_threads())
@@ -136,7 +138,8 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     path = out / f"runner_step-{time.strftime('%Y%m%d-%H%M%S')}.json"
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    path.write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "machine": machine,
+    path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "threads": torch.get_num_threads(),
+                                "machine": machine,
                                 "loadavg": os.getloadavg(), "floor": floor.as_dict() if floor else None,
                                 "rows": rows}, indent=2))
     print(f"wrote {path}")
