@@ -7,6 +7,7 @@ import pytest
 
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.console import undecided_lines
+from chatfleet.bench.demo import why_no_knee
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.report import load_result, render_html, result_document, sweep_to_dict
 from chatfleet.bench.server_ops import ResetError, ServerControl, parse_metrics
@@ -126,6 +127,8 @@ def test_an_undecided_point_is_extended_up_to_its_bound_and_never_called(scripte
     (line,) = undecided_lines(res)  # every request within the target: the bound above is what is missing
     assert line.startswith("load 2 undecided after 3 runs") and "needs >= 368 values" in line
     assert "would decide it at about 368" in line
+    why = why_no_knee(res)  # the demo's plain reason for a missing knee
+    assert why.startswith("the lowest load measured, 2, stayed undecided after 3 runs: ttft_p99") and "368" in why
     page = render_html(json.loads(json.dumps(result_document("sweep", {}, {"s": sweep_to_dict(res)}))))
     assert "undecided" in page and "368" in page
 

@@ -36,7 +36,6 @@ from chatfleet.bench.knee import KneeRatio, knee_ratio, knee_spread
 from chatfleet.bench.loops import LoadSpec
 from chatfleet.bench.machine import MachineInfo, machine_info
 from chatfleet.bench.point_sizing import PointSizing, values_needed_for
-from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
 from chatfleet.bench.slo import parse_slo
@@ -262,9 +261,9 @@ def why_no_knee(s: SweepResult) -> str:
     if lowest is None:
         return "no load was measured"
     if lowest.verdict == "undecided" and lowest.judged is not None:
-        targets = {t.key: t for t in parse_slo(s.slo).targets}
-        why = "; ".join(why_undecided(targets[k], lowest.judged.intervals[k], "raise --max-point")
-                        for k, v in lowest.judged.targets.items() if v == "undecided")
+        prefix = f"load {lowest.level:g} undecided after {len(lowest.runs)} runs: "
+        why = "; ".join(line.removeprefix(prefix) for line in ui.undecided_lines(s, "raise --max-point")
+                        if line.startswith(prefix))
         return f"the lowest load measured, {lowest.level:g}, stayed undecided after {len(lowest.runs)} runs: {why}"
     text = f"the lowest load measured, {lowest.level:g}, broke the SLO"
     return text + ("; the series' time budget ran out before a lower one" if s.out_of_budget else "")
