@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ramp", type=float, default=10.0, help="Seconds over which the users join (0: at once).")
     p.add_argument("--min-requests", type=int, default=60, help="A point with fewer is marked thin.")
     p.add_argument("--conversations-per-user", type=int, default=3, help="Dataset size per point, per user.")
+    p.add_argument("--connection-reuse", default="never", choices=("never", "pooled", "sticky-user-sessions"),
+                   help="AIPerf's --connection-reuse-strategy. never: a pause longer than the server's keep-alive "
+                        "(uvicorn: 5 s) cannot race a request onto a connection the server is closing.")
     p.add_argument("--keep-going", action="store_true", help="Measure every point, not up to the first failure.")
     p.add_argument("--model", default="small")
     p.add_argument("--profile", default="long-session")
@@ -252,7 +255,8 @@ def aiperf_argv(args: argparse.Namespace, url: str, model: str, tokenizer: Path,
             "--concurrency", str(users), "--benchmark-duration", f"{args.duration:g}",
             "--benchmark-grace-period", f"{args.grace:g}", "--session-header", SESSION_HEADER,
             "--use-server-token-count", "--extra-inputs", "temperature:1.0", "--random-seed", str(args.seed),
-            "--request-timeout-seconds", "300", "--workers-max", "1", "--record-processor-service-count", "1",
+            "--request-timeout-seconds", "300", "--connection-reuse-strategy", args.connection_reuse,
+            "--workers-max", "1", "--record-processor-service-count", "1",
             "--no-server-metrics", "--no-gpu-telemetry", "--ui", "none", "--artifact-dir", str(artifacts)]
     if args.ramp > 0 and users > 1:
         argv += ["--concurrency-ramp-duration", f"{args.ramp:g}"]
