@@ -58,6 +58,8 @@ def test_a_large_body_that_fits_reaches_the_route(server):
     (chat("harbor " * (PAD // 7), role="nobody"), CHAT, "messages", "messages.0.role: Input should be"),
     (json.dumps(chat("x" * PAD))[:-1].encode() + b', "temperature": NaN}', CHAT, "temperature",
      "temperature: NaN is not a JSON number"),
+    ({"messages": [{"role": "user", "content": "x" * 100}] * (PAD // 120), "max_tokens": 2}, CHAT, "messages",
+     "messages; at "),  # too many messages for the context, as the route says of a small chat
     ({"prompt": "harbor " * (PAD // 7), "max_tokens": 2}, "/v1/completions", "prompt", "characters, more than"),
     ({"prompt": "harbor " * (PAD // 7)}, "/tokenize", "prompt", "characters, more than"),
 ])

@@ -40,18 +40,20 @@ class BodyLimits:
 
     max_tokens: int
     max_chars: int | None = None
+    max_messages: int | None = None  # more messages than this cannot fit (None: no such bound)
 
 
 @dataclass(frozen=True)
 class Refused:
-    """The body is refused: ``too_long`` says its prompt cannot fit (``chars`` characters, or more
-    than ``tokens`` tokens), else ``message`` says what is wrong with it."""
+    """The body is refused: ``too_long`` says its prompt cannot fit (``messages`` messages,
+    ``chars`` characters, or more than ``tokens`` tokens), else ``message`` says what is wrong."""
 
     message: str = ""
     param: str | None = None
     too_long: bool = False
     chars: int = 0
     tokens: int = 0
+    messages: int = 0
 
 
 def _texts(value: dict[str, object]) -> tuple[str, list[str], bool]:
@@ -103,6 +105,9 @@ def judge_body(tokenizer: Tokenizer, path: str, body: bytes, limits: BodyLimits)
         return Refused(err.message, err.param)
     except RecursionError:
         return value
+    messages = value.get("messages")
+    if limits.max_messages is not None and isinstance(messages, list) and len(messages) > limits.max_messages:
+        return Refused(param="messages", too_long=True, messages=len(messages))
     param, texts, chat = _texts(value)
     chars = sum(map(len, texts)) if chat else max(map(len, texts), default=0)
     if limits.max_chars is not None and chars > limits.max_chars:

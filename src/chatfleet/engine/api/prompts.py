@@ -135,9 +135,7 @@ class PromptBuilder:
     def _check_messages(self, messages: list[ChatMessage]) -> None:
         """Refuse a chat that cannot fit before rendering it: too many messages, or too much text."""
         if self.message_tokens and len(messages) * self.message_tokens > self.max_model_len:
-            raise RequestTooLongError(
-                f"the chat has {len(messages)} messages; at {self.message_tokens} tokens each at least,"
-                f" more than the {self.max_model_len}-token context holds", param="messages")
+            raise self._too_many_messages(len(messages))
         if self.bound is not None:
             chars = 0
             for m in messages:
@@ -168,15 +166,23 @@ class PromptBuilder:
         (``large_bodies.py``): a body that is invalid or whose prompt cannot fit is refused there,
         with the message the route would give, and its text never reaches this process."""
         assert self._processes is not None, "no tokenizing process (judges_bodies is false)"
-        limits = BodyLimits(self.max_model_len, self.bound.max_chars if self.bound is not None else None)
+        limits = BodyLimits(self.max_model_len, self.bound.max_chars if self.bound is not None else None,
+                            self.max_model_len // self.message_tokens if self.message_tokens else None)
         out = await self._processes.run(judge_body, path, body, limits)
         if isinstance(out, Refused):
             raise self._refusal(out)
         return out
 
+    def _too_many_messages(self, n: int) -> RequestTooLongError:
+        return RequestTooLongError(
+            f"the chat has {n} messages; at {self.message_tokens} tokens each at least,"
+            f" more than the {self.max_model_len}-token context holds", param="messages")
+
     def _refusal(self, refused: Refused) -> InvalidRequestError:
         if not refused.too_long:
             return InvalidRequestError(refused.message, param=refused.param)
+        if refused.messages:
+            return self._too_many_messages(refused.messages)
         if refused.chars and self.bound is not None:
             return self.bound.refusal(refused.chars, refused.param or "messages")
         what = "the messages hold" if refused.param == "messages" else "the prompt has"
