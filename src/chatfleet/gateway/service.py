@@ -44,6 +44,7 @@ from chatfleet.gateway.tenants import (
     with_cache_salt,
 )
 from chatfleet.protocol.errors import to_chatfleet_error
+from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 from chatfleet.protocol.safe_json import check_json_content_type
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Gateway:
                          for key in config.api_keys + config.admin_api_keys}
         self.limits = TenantLimits(config.key_max_in_flight, config.key_tokens_per_minute)
         self.bodies = BodyInspector(config.body_offload_bytes)
+        self.pacer = ReadPacer()
         upstream_headers = {}
         if config.upstream_api_key:
             upstream_headers["authorization"] = f"Bearer {config.upstream_api_key}"
@@ -226,6 +228,8 @@ class Gateway:
             if size > limit:
                 raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
             parts.append(part)
+            if max(size, int(declared) if declared and declared.isdigit() else 0) >= LARGE_BODY_BYTES:
+                await self.pacer.take(len(part))  # large bodies read at a bounded rate (read_pacing.py)
         body = b"".join(parts)
         if body:
             check_json_content_type(request.headers.get("content-type"))

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from chatfleet.errors import PayloadTooLargeError
 from chatfleet.protocol.errors import error_response
 from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
+from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 
 DRAIN_BYTES = 64 << 20
 
@@ -41,6 +42,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.drain_bytes = drain_bytes
+        self.pacer = ReadPacer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,6 +60,8 @@ class BodyLimitMiddleware:
             body = message.get("body", b"")
             more = message.get("more_body", False)
             size += len(body)
+            if more and max(size, declared or 0) >= LARGE_BODY_BYTES:
+                await self.pacer.take(len(body))  # large bodies read at a bounded rate (read_pacing.py)
             if size > self.max_body_bytes:
                 too_large = True
                 chunks.clear()
