@@ -26,8 +26,13 @@ class Interval:
     n: int
 
 
-def confidence_interval(values: list[float], level: float = 0.95) -> Interval:
-    """Student-t interval of the mean (95%); a single value gives a zero-width interval."""
+def confidence_interval(values: list[float], level: float = 0.95,
+                        within: tuple[float, float] = (-math.inf, math.inf)) -> Interval:
+    """Student-t interval of the mean (95%); a single value gives a zero-width interval.
+
+    ``within``: the range the quantity can take (a rate or a latency is never negative, a hit
+    rate at most 1); the interval is cut to it, since a t interval on two or three repeats can
+    reach past it, and no mean outside it is possible."""
     arr = np.asarray([v for v in values if v == v and math.isfinite(v)], dtype=float)
     if arr.size == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
@@ -37,7 +42,8 @@ def confidence_interval(values: list[float], level: float = 0.95) -> Interval:
     df = arr.size - 1
     t = next((v for k, v in sorted(_T95.items()) if k >= df), 1.96) if level == 0.95 else 1.96
     half = t * float(arr.std(ddof=1)) / math.sqrt(arr.size)
-    return Interval(m, m - half, m + half, int(arr.size))
+    low, high = within
+    return Interval(m, max(m - half, low), min(m + half, high), int(arr.size))
 
 
 @dataclass(frozen=True)

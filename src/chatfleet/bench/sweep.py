@@ -173,13 +173,15 @@ class Observer:
 
 
 def _point_intervals(runs: list[RunRecord], slo: SLO) -> dict[str, Interval]:
-    out = {"goodput": confidence_interval([r.summary.goodput for r in runs]),
-           "request_rate": confidence_interval([r.summary.request_rate for r in runs])}
+    positive, share = (0.0, math.inf), (0.0, 1.0)
+    out = {"goodput": confidence_interval([r.summary.goodput for r in runs], within=positive),
+           "request_rate": confidence_interval([r.summary.request_rate for r in runs], within=positive)}
     hits = [r.summary.hit_rate for r in runs if r.summary.hit_rate is not None]
     if hits:
-        out["hit_rate"] = confidence_interval(hits)
-    for t in slo.targets:
-        out[t.key] = confidence_interval([r.summary.slo_values.get(t.key, float("nan")) for r in runs])
+        out["hit_rate"] = confidence_interval(hits, within=share)
+    for t in slo.targets:  # latencies, or (an attainment target) a share
+        values = [r.summary.slo_values.get(t.key, float("nan")) for r in runs]
+        out[t.key] = confidence_interval(values, within=positive)
     return out
 
 
