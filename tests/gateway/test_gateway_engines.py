@@ -185,12 +185,15 @@ def test_hostile_input_never_takes_a_replica_out(engines, gateways):
 def test_killed_replica_loses_no_request(fleet, engines, gateways):
     """Runs last: it kills one engine of the module's fleet."""
     gw = gateways(engines, max_in_flight=3, queue_size=32, max_queue_wait_s=120, health_interval_s=60)
-    body = {"model": "tiny", "max_tokens": 40, "messages": [{"role": "user", "content": "count"}], **FORCE}
+    # streams long enough that the kill lands mid-stream however fast the engine decodes (at 40
+    # tokens a faster step could end every victim stream between two polls of its /metrics)
+    tokens = 200
+    body = {"model": "tiny", "max_tokens": tokens, "messages": [{"role": "user", "content": "count"}], **FORCE}
     victim = engines[0]
     with http(gw.url) as client, cf.ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(read_stream, client, body, {"X-Session-ID": f"kill-{i}"}) for i in range(12)]
         wait_for(lambda: gw.gateway.admission.in_flight(victim) >= 1 and running(victim) >= 1,
-                 what="streams on the victim")
+                 timeout=60.0, what="streams on the victim")
         fleet.processes[fleet.urls.index(victim)].send_signal(signal.SIGKILL)  # mid-stream
         results = [f.result(timeout=120) for f in futures]
         # after the kill: sessions homed on the victim are retried on (or routed to) the survivor
@@ -198,7 +201,7 @@ def test_killed_replica_loses_no_request(fleet, engines, gateways):
     for r in results:  # every request: a full reply, or an explicit error; never a silent cut
         assert r["status"] != 200 or r["done"], r
         if r["status"] == 200 and not r["errors"]:
-            assert r["tokens"] == 40
+            assert r["tokens"] == tokens
         elif r["status"] == 200:
             assert "mid-stream" in r["errors"][0]["message"]
     assert sum(1 for r in results if r["status"] == 200 and not r["errors"]) >= 12 - 3
