@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-import schemathesis
 from gateway_helpers import chat_body, wait_for
-from schemathesis import GenerationMode
 
 from chatfleet.gateway.app import create_app
 from chatfleet.gateway.config import GatewayConfig
+from chatfleet.testing.openapi_checks import operation_paths, schemathesis_failures
 
 CORPUS = json.loads((Path(__file__).parents[1] / "data" / "malformed_requests.json").read_text())["cases"]
 
@@ -80,36 +79,9 @@ def test_every_schemathesis_check_passes_on_every_gateway_operation(fuzzed_fleet
     and content types as documented, bodies against their schemas, valid data accepted, invalid
     data refused, Allow on 405...), positive and negative, bounded examples per operation; no
     client input counts against a replica."""
-    import requests
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis.errors import Unsatisfiable
-
     server, gateway = fuzzed_fleet
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
-    operations = [r.ok() for r in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/health", "/metrics"}
-    failures: list[str] = []
-    session = requests.Session()
-
-    def check(op, mode) -> None:
-        @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=op.as_strategy(generation_mode=mode))
-        def run(case) -> None:
-            try:
-                response = case.call(base_url=server.url, session=session, timeout=30)
-                case.validate_response(response)
-            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - a failure group: every failed check
-                failures.append(f"{op.method.upper()} {op.path} {mode.name}: {str(exc)[:700]}")
-
-        try:
-            run()
-        except Unsatisfiable:  # nothing to break in an operation without parameters
-            pass
-
-    for op in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            check(op, mode)
+    assert operation_paths(server.url) >= {"/v1/chat/completions", "/v1/completions", "/health", "/metrics"}
+    failures = schemathesis_failures(server.url, EXAMPLES, timeout=30)
     assert not failures, "\n".join(failures[:40])
     assert all(r.healthy and r.stats.upstream_errors == 0 for r in gateway.replicas.replicas.values())
 

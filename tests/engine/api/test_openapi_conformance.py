@@ -15,6 +15,7 @@ from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.loopback import ServerThread
+from chatfleet.testing.openapi_checks import schemathesis_failures
 
 BS = 16
 NUM_BLOCKS = 64
@@ -35,13 +36,6 @@ def server():
     torch.set_num_threads(threads)
 
 
-def operations(server):
-    import schemathesis
-
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
-    return [r.ok() for r in schema.get_all_operations()]
-
-
 def unstatable(error: dict) -> bool:
     """The rules a JSON schema cannot state: the prompt's tokens (plus max_tokens) fit the context;
     min_tokens <= max_tokens; a named tool_choice names one of the tools (one value against another)."""
@@ -52,36 +46,14 @@ def unstatable(error: dict) -> bool:
 
 
 def test_every_schemathesis_check_passes_on_every_operation(server):
-    import requests
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis.errors import Unsatisfiable
-    from schemathesis.generation.modes import GenerationMode
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-    failures: list[str] = []
-    session = requests.Session()
-    def check(op, mode) -> None:
-        @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=op.as_strategy(generation_mode=mode))
-        def run(case) -> None:
-            try:
-                response = case.call(base_url=server.url, session=session, timeout=60)
-                excluded = []
-                if response.status_code == 400 and unstatable(response.json()["error"]):
-                    # A rule no schema can state, refused: checked as any other response, but
-                    # not as a valid request rejected.
-                    excluded = [positive_data_acceptance]
-                case.validate_response(response, excluded_checks=excluded)
-            except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - a failure group: every failed check
-                failures.append(f"{op.method.upper()} {op.path} {mode.name}: {str(exc)[:700]}")
+    def exclude(response) -> list:
+        # A rule no schema can state, refused: checked as any other response, but not as a valid
+        # request rejected.
+        if response.status_code == 400 and unstatable(response.json()["error"]):
+            return [positive_data_acceptance]
+        return []
 
-        try:
-            run()
-        except Unsatisfiable:
-            pass
-
-    for op in operations(server):
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            check(op, mode)
+    failures = schemathesis_failures(server.url, EXAMPLES, timeout=60, exclude=exclude)
     assert not failures, "\n".join(failures[:8])

@@ -47,8 +47,8 @@ def below_pattern(n: int) -> str:
 
 def _engine_limits(schema: dict[str, Any], vocab_size: int, max_model_len: int) -> None:
     """What this engine refuses beyond the wire format, said in the document: text-only content
-    parts, token ids below the vocabulary, at most a context's worth of tokens, and /tokenize's
-    exactly-one-of prompt and messages."""
+    parts, token ids below the vocabulary, at most a context's worth of tokens, completions with
+    no suffix and best_of 1, and /tokenize's exactly-one-of prompt and messages."""
     defs = schema.get("components", {}).get("schemas", {})
     part = defs.get("ContentPart")
     if part:
@@ -78,6 +78,14 @@ def _engine_limits(schema: dict[str, Any], vocab_size: int, max_model_len: int) 
                 for branch in model["properties"].get(field, {}).get("anyOf", []):
                     if branch.get("type") == "integer":
                         branch["maximum"] = max_model_len
+    completion = defs.get("CompletionRequest")
+    if completion:  # what serving.py refuses: no suffix, best_of 1 only
+        for branch in completion["properties"].get("suffix", {}).get("anyOf", []):
+            if branch.get("type") == "string":
+                branch["maxLength"] = 0
+        for branch in completion["properties"].get("best_of", {}).get("anyOf", []):
+            if branch.get("type") == "integer":
+                branch["maximum"] = 1
     tokenize = defs.get("TokenizeRequest")
     if tokenize:
         tokenize["oneOf"] = [
