@@ -41,6 +41,19 @@ def test_the_profiles_settings_become_vllm_flags():
     assert "--no-enable-prefix-caching" in off and "--no-enable-chunked-prefill" in off
 
 
+def test_dtype_auto_reaches_vllm_as_our_engine_resolves_it():
+    # Oracle: the engine's own resolution (models/dtype.py); vLLM's `auto` would take the checkpoint's
+    # float32 where ours takes bfloat16 on a CPU with native bf16, and the two would compute apart.
+    from chatfleet.engine.models.dtype import dtype_for_auto
+
+    def dtype_of(*args: str) -> str:
+        flags, _ = vllm_flags(FleetConfig(replicas=1, engine_args=args).engine()[0])
+        return flags[flags.index("--dtype") + 1]
+
+    assert dtype_of("--dtype", "auto") == dtype_for_auto("cpu") != "auto"
+    assert dtype_of("--dtype", "bfloat16") == "bfloat16" and dtype_of("--dtype", "float32") == "float32"
+
+
 def _vllm_ready() -> str | None:
     if not VLLM_PY.is_file():
         return "vLLM's CPU build is not installed (bash benchmarks/setup_baselines.sh vllm)"

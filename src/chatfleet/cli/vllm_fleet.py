@@ -13,7 +13,8 @@ chunked prefill                    ``--enable-chunked-prefill`` / ``--no-enable-
 ``--kv-cache-dtype``               ``--kv-cache-dtype`` (``fp8*`` as is, else ``auto``)
 ``--kv-cache-memory``              ``--kv-cache-memory-bytes``
 ``--host-cache-memory``            ``--kv-offloading-backend native --kv-offloading-size GiB``
-``--max-model-len``, ``--dtype``,  the same flags (``--block-size`` only when set)
+``--dtype``                        ``--dtype`` (``auto`` resolved as our engine resolves it)
+``--max-model-len``,               the same flags (``--block-size`` only when set)
 ``--seed``, ``--block-size``,
 ``--gpu-memory-utilization``,
 ``--enforce-eager``
@@ -48,6 +49,18 @@ def vllm_python(given: str | None = None) -> str:
     return given or os.environ.get(VLLM_PYTHON_ENV) or sys.executable
 
 
+def vllm_dtype(config: EngineConfig) -> str:
+    """The ``--dtype`` vLLM gets: ours as pinned, and ``auto`` resolved as our engine resolves it
+    (``models/dtype.py``: bfloat16 on a CPU that computes it natively, where vLLM's own ``auto``
+    would take the checkpoint's float32), so both engines compute in the same dtype."""
+    if config.dtype != "auto":
+        return config.dtype
+    from chatfleet.engine.models.dtype import dtype_for_auto  # torch: only when asked to resolve
+    from chatfleet.engine.runner.device import resolve_device_name
+    folder = Path(config.model)
+    return dtype_for_auto(resolve_device_name(config.device), folder if folder.is_dir() else None)
+
+
 def vllm_flags(config: EngineConfig, api_keys: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """vLLM flags for ``config``, and the chatfleet settings that have no vLLM equivalent."""
     cache, sched = config.cache, config.scheduler
@@ -55,7 +68,7 @@ def vllm_flags(config: EngineConfig, api_keys: tuple[str, ...] = ()) -> tuple[li
              "--enable-chunked-prefill" if sched.enable_chunked_prefill else "--no-enable-chunked-prefill",
              "--max-num-batched-tokens", str(sched.max_batched_tokens), "--max-num-seqs", str(sched.max_running),
              "--kv-cache-dtype", config.kv_cache_dtype if config.kv_cache_dtype.startswith("fp8") else "auto",
-             "--dtype", config.dtype, "--seed", str(config.seed), "--enable-prompt-tokens-details"]
+             "--dtype", vllm_dtype(config), "--seed", str(config.seed), "--enable-prompt-tokens-details"]
     if cache.block_size != CacheConfig().block_size:  # vLLM's own default suits its kernels (CPU: 128)
         flags += ["--block-size", str(cache.block_size)]
     if config.max_model_len is not None:
