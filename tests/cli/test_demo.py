@@ -17,7 +17,7 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     assert r.exit_code == 0, r.output
     assert "stock" in r.output and "tuned" in r.output and "fleet for 2200 peak chats" in r.output
     assert "device KV budget for every series: 1,024 tokens" in r.output
-    assert "per repeat" in r.output and "by turn" in r.output and "by pause" in r.output
+    assert "bracket" in r.output and "by turn" in r.output and "by pause" in r.output
     doc = json.loads((out / "result.json").read_text())
     assert doc["kind"] == "demo" and set(doc["series"]) == {"stock", "tuned"}
     # The machine it ran on, and the ratio with its range or, plainly, why there is none.
@@ -28,7 +28,7 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
         assert t["low"] <= t["value"] <= (t["high"] or float("inf")) and "tuned holds" in r.output
     else:
         assert ratio["tuned_over_stock"] is None and "no knee for" in ratio["why_none"]
-        assert "no tuned/stock ratio" in r.output and "no knee (per repeat" in r.output
+        assert "no tuned/stock ratio" in r.output and "no knee (bracket" in r.output
         missing = [n for n, sw in doc["series"].items() if not sw["knee"]]
         assert all(doc["knees"][n]["why_none"] for n in missing)
     args = doc["settings"]["engine_args"]

@@ -13,9 +13,15 @@ Each load point is sized for the SLO's percentiles (``bench/point_sizing.py``): 
 ``duration_s`` (enough to show a clearly broken point), and an undecided point runs on until each
 target has the values its interval needs (72 for a p95 at 95%) and as many as would decide it,
 at most ``max_point_s`` measured seconds a point and ``series_budget_s`` a series, so the whole
-demo stays bounded in time. The
-output names the CPU, each knee with its spread over repeats and the tuned/stock ratio with the
-range those spreads give, or says which verdict is missing and why.
+demo stays bounded in time. The climb goes on past an undecided load until one breaks the SLO.
+
+The output names the CPU, each knee with its bracket (the highest load shown to meet the SLO ..
+the lowest shown to break it, with any undecided loads between: ``knee.knee_bracket``) and the
+tuned/stock ratio with the range the two brackets give (tuned's low end over stock's high end,
+and the other way round), or says which verdict is missing and why. It watches the machine's CPU
+time during each series (``machine.CpuWatch``) and says DISTURBED where other work took more than
+``DISTURBED_SHARE`` of it: the range covers the sampling noise of one machine state, not a change
+in what else the machine runs.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from chatfleet.bench import console as ui
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
-from chatfleet.bench.knee import KneeRatio, knee_ratio, knee_spread
+from chatfleet.bench.knee import KneeBracket, KneeRatio, bracket_ratio, knee_bracket, knee_spread
 from chatfleet.bench.loops import LoadSpec
-from chatfleet.bench.machine import MachineInfo, machine_info
+from chatfleet.bench.machine import DISTURBED_SHARE, CpuUse, CpuWatch, MachineInfo, machine_info
 from chatfleet.bench.point_sizing import PointSizing, values_needed_for
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
@@ -64,7 +70,7 @@ class DemoConfig:
     series_budget_s: float = 330.0  # measured seconds one series' sweep may spend
     start: int = 4
     max_level: int = 64
-    max_points: int = 4
+    max_points: int = 5  # the climb goes on past an undecided load until one breaks
     growth: float = 2.0  # between load levels until the SLO breaks
     resolution: float = 1.0  # then bisect until the bracket is this narrow (chats)
     repeats: int = 2
@@ -112,7 +118,7 @@ class DemoConfig:
 
     def sweep_spec(self) -> SweepSpec:
         return SweepSpec(self.start, self.max_level, self.growth, self.resolution, self.max_points,
-                         budget_s=self.series_budget_s)
+                         budget_s=self.series_budget_s, probe_past_undecided=True)
 
     def sizing(self) -> PointSizing:
         """How long an undecided point may measure (its first run is ``duration_s``)."""
@@ -145,6 +151,7 @@ class DemoResult:
     fleets: dict[str, FleetPlan | None]
     ratio: KneeRatio | None  # tuned's knee over stock's, with its range; None: a knee is missing
     machine: MachineInfo
+    other_work: dict[str, CpuUse]  # series (or 'all series' in parallel) -> CPU time other work took meanwhile
     json_path: Path
     html_path: Path
     seconds: float
@@ -204,12 +211,19 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     tuned = cfg.engine_args()["tuned"]
     con.print(f"tuned techniques: {tuned.describe()}")
     con.print(cfg.describe_sizing(), highlight=False)
+    other_work: dict[str, CpuUse] = {}
     if cfg.parallel:
+        watch = CpuWatch().start()
         with ThreadPoolExecutor(len(series)) as ex:
             futs = {s.name: ex.submit(sweep_series, cfg, s, con) for s in series}
             sweeps = {name: f.result() for name, f in futs.items()}
+        other_work["all series"] = watch.stop()
     else:
-        sweeps = {s.name: sweep_series(cfg, s, con) for s in series}
+        sweeps = {}
+        for one in series:
+            watch = CpuWatch().start()
+            sweeps[one.name] = sweep_series(cfg, one, con)
+            other_work[one.name] = watch.stop()
     fleets = {n: (plan_fleet(s.knee, cfg.peak_chats, cfg.headroom, cfg.price_per_gpu_hour) if s.knee else None)
               for n, s in sweeps.items()}
     for n, s in sweeps.items():
@@ -222,6 +236,7 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
                 con.print(table)
     con.print(ui.fleet_table(fleets, f"fleet for {cfg.peak_chats} peak chats"))
     ratio = _print_knees(sweeps, con, cfg.kv_cache_tokens)
+    disturbed = _print_other_work(other_work, con)
     machine_after = machine_info()
     knee_points = {n: next((p for p in s.points if p.level == s.knee), None) for n, s in sweeps.items()}
     settings = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
@@ -231,17 +246,20 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
                 "kv_budget_bytes": budget, "tuned_techniques": list(tuned.applied),
                 "tuned_techniques_missing": list(tuned.missing)}
     secs = time.monotonic() - t0
-    verdicts = {n: {"knee": s.knee, "why_none": None if s.knee is not None else why_no_knee(s)}
+    verdicts = {n: {"knee": s.knee, "bracket": knee_bracket(s.points, s.knee).to_dict(),
+                    "why_none": None if s.knee is not None else why_no_knee(s)}
                 for n, s in sweeps.items()}
     doc = result_document("demo", settings, {n: sweep_to_dict(s) for n, s in sweeps.items()},
                           {"fleet": {n: (f.to_dict() if f else None) for n, f in fleets.items()},
-                           "machine": {**machine.to_dict(), "load_average_after": list(machine_after.load_average)},
+                           "machine": {**machine.to_dict(), "load_average_after": list(machine_after.load_average),
+                                       "other_work": {n: u.to_dict() for n, u in other_work.items()},
+                                       "disturbed": disturbed, "disturbed_above_share": DISTURBED_SHARE},
                            "knees": verdicts, "ratio": _ratio_dict(ratio, sweeps), "seconds": secs})
     jp = write_json(doc, cfg.out_dir / "result.json")
     hp = write_html(doc, cfg.out_dir / "report.html")
     con.print(f"machine at the end: {machine_after.describe()}", highlight=False)
     con.print(f"result: {jp}\nreport: {hp}\n({secs:.0f} s)")
-    return DemoResult(sweeps, fleets, ratio, machine, jp, hp, secs)
+    return DemoResult(sweeps, fleets, ratio, machine, other_work, jp, hp, secs)
 
 
 def working_set_tokens(point: PointResult) -> float | None:
@@ -271,35 +289,56 @@ def why_no_knee(s: SweepResult) -> str:
 
 def _ratio_dict(ratio: KneeRatio | None, sweeps: dict[str, SweepResult]) -> dict:
     if ratio is not None:
-        return {"tuned_over_stock": ratio.to_dict(), "why_none": None}
+        return {"tuned_over_stock": {**ratio.to_dict(), "range_from": "knee brackets"}, "why_none": None}
     missing = [n for n in ("tuned", "stock") if n in sweeps and sweeps[n].knee is None]
     return {"tuned_over_stock": None, "why_none": f"no knee for {' and '.join(missing) or 'a series'}"}
 
 
 def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int) -> KneeRatio | None:
-    """Each series' knee with its spread (or why it has none), and tuned over stock with its range."""
+    """Each series' knee with its bracket (or why it has none), and tuned over stock with the range
+    the two brackets give."""
+    brackets: dict[str, KneeBracket] = {}
     for n, s in sweeps.items():
+        bracket = brackets[n] = knee_bracket(s.points, s.knee)
         spread = knee_spread(s.points)
         shown = next((p for p in s.points if p.level == s.knee), None)
         ws = working_set_tokens(shown) if shown is not None else None
         memory = (f"; live chats' context there ~{ws:,.0f} tokens = {ws / pool_tokens:.1f}x the device pool"
                   if ws else "")
         if s.knee is None:
-            con.print(f"[yellow]{n}: no knee (per repeat {spread.describe()}): {why_no_knee(s)}[/]", highlight=False)
+            con.print(f"[yellow]{n}: no knee (bracket {bracket.describe()}): {why_no_knee(s)}[/]", highlight=False)
         else:
-            con.print(f"{n}: knee {s.knee:g} chats; per repeat {spread.describe()}{memory}", highlight=False)
-        if s.knee is not None and not s.knee_reached:
-            more = "its time budget ran out (raise --series-budget)" if s.out_of_budget else "raise --max-points"
-            con.print(f"[yellow]{n}: the SLO held up to the last load measured ({s.knee:g}); "
-                      f"its knee is at least that ({more})[/]")
+            con.print(f"{n}: knee {s.knee:g} chats, bracket {bracket.describe()}; per repeat "
+                      f"{spread.describe()}{memory}", highlight=False)
+        if s.knee is not None and bracket.broken is None:
+            more = ("its time budget ran out (raise --series-budget)" if s.out_of_budget else
+                    "raise --max-points" if s.knee_reached else "raise --max-points or the top load")
+            con.print(f"[yellow]{n}: no load above {s.knee:g} was shown to break the SLO, so its knee is "
+                      f"at least {s.knee:g} and the bracket is open above ({more})[/]")
     stock, tuned = sweeps.get("stock"), sweeps.get("tuned")
     if stock is None or tuned is None:
         return None
-    ratio = knee_ratio(tuned.knee, knee_spread(tuned.points), stock.knee, knee_spread(stock.points))
+    ratio = bracket_ratio(brackets["tuned"], brackets["stock"])
     if ratio is None:
         missing = " and ".join(n for n, sw in (("tuned", tuned), ("stock", stock)) if sw.knee is None)
         con.print(f"[yellow]no tuned/stock ratio: no knee for {missing} (see above)[/]")
         return None
-    con.print(f"tuned holds [bold]{ratio.describe()}[/] the live chats of stock "
+    over = "from the knees' brackets"
+    con.print(f"tuned holds [bold]{ratio.describe(over)}[/] the live chats of stock "
               f"({tuned.knee:g} vs {stock.knee:g}) inside the SLO at the same device KV budget")
     return ratio
+
+
+def _print_other_work(other_work: dict[str, CpuUse], con: Console) -> bool:
+    """How much CPU other work took during each series; True (and a warning) where it disturbed one."""
+    if not other_work:
+        return False
+    parts = "; ".join(f"{n}'s sweep {u.describe()}" for n, u in other_work.items())
+    disturbed = [n for n, u in other_work.items() if u.disturbed]
+    if not disturbed:
+        con.print(f"other work on the machine: {parts}: quiet (under {DISTURBED_SHARE:.0%})", highlight=False)
+        return False
+    con.print(f"[yellow]DISTURBED: other work took over {DISTURBED_SHARE:.0%} of the CPUs during "
+              f"{' and '.join(disturbed)} ({parts}). The knees measured a machine shared with it, "
+              "and the ratio's range does not cover that: rerun on a quiet machine to compare.[/]", highlight=False)
+    return True

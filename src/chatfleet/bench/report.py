@@ -10,7 +10,7 @@ import math
 import time
 from pathlib import Path
 
-from chatfleet.bench.knee import knee_spread
+from chatfleet.bench.knee import knee_bracket, knee_spread
 from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.quantile_ci import StatInterval
 from chatfleet.bench.report_breakdown import tables_html as breakdown_tables
@@ -25,6 +25,7 @@ FORMAT_VERSION = 1
 def sweep_to_dict(res: SweepResult, with_records: bool = True) -> dict:
     return {"mode": res.mode, "slo": res.slo, "knee": res.knee, "knee_reached": res.knee_reached,
             "out_of_budget": res.out_of_budget, "knee_spread": knee_spread(res.points).to_dict(),
+            "knee_bracket": knee_bracket(res.points, res.knee).to_dict(),
             "points": [p.to_dict(with_records) for p in res.points]}
 
 
@@ -97,6 +98,11 @@ def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
     knee_txt = f"none ({why_no_knee or 'no load was shown to meet the SLO'})" if knee is None else f"{knee:g}" + (
         "" if sw.get("knee_reached") else " (not reached: the sweep's time budget ran out)" if sw.get("out_of_budget")
         else " (not reached: the sweep's maximum still met the SLO)")
+    bracket = sw.get("knee_bracket")
+    if bracket:
+        high = "open above" if bracket.get("high") is None else f"{bracket['high']:g}"
+        knee_txt += f"; bracket {bracket['low']:g}-{high}" + (
+            f" (undecided at {', '.join(f'{u:g}' for u in bracket['undecided'])})" if bracket.get("undecided") else "")
     spread = sw.get("knee_spread") or {}
     if len(spread.get("knees") or ()) > 1:
         knee_txt += f"; per repeat {spread['low']:g}-{spread['high']:g}"
@@ -121,13 +127,21 @@ def _machine_and_ratio(doc: dict) -> str:
         after = " ".join(f"{x:.2f}" for x in m.get("load_average_after") or ())
         out += (f"<p>Machine: {html.escape(str(m.get('cpu_model')))}, {m.get('logical_cpus')} CPUs; load average "
                 f"{load} at the start" + (f", {after} at the end" if after else "") + "</p>")
+        other = m.get("other_work") or {}
+        if other:
+            shares = "; ".join(f"{html.escape(n)} {u['others_share']:.0%}" for n, u in other.items())
+            flag = ("<b>DISTURBED</b>: the ratio's range does not cover other work on the machine"
+                    if m.get("disturbed") else "quiet")
+            out += f"<p>Other work's share of the CPUs during each series: {shares} ({flag}).</p>"
     r = doc.get("ratio")
     if r:
         t = r.get("tuned_over_stock")
         if t:
             high = "unbounded" if t.get("high") is None else f"{t['high']:.2f}x"
+            over = ("the knees' brackets" if t.get("range_from") == "knee brackets"
+                    else "the knees' spreads over repeats")
             out += (f"<p><b>tuned / stock: {t['value']:.2f}x</b> the live chats inside the SLO (range "
-                    f"{t['low']:.2f}x-{high} from the knees' spreads over repeats)</p>")
+                    f"{t['low']:.2f}x-{high} from {over})</p>")
         else:
             out += f"<p><b>No tuned / stock ratio</b>: {html.escape(str(r.get('why_none')))}.</p>"
     return out

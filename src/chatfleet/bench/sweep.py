@@ -11,7 +11,9 @@ one breaks it, and an undecided point is measured again, one run of the same len
 to ``extend_up_to`` times its repeats. A knee is never called on an undecided point. With
 ``sizing`` (``point_sizing``) those later runs are as long as the point needs for its intervals to be
 able to decide (a p95 needs 72 values before it can be bounded above), within a cap on the point's
-measured seconds; a sweep's ``budget_s`` caps the measured seconds of all its points.
+measured seconds; a sweep's ``budget_s`` caps the measured seconds of all its points. With
+``probe_past_undecided`` the climb goes on past an undecided point until a load breaks the SLO (or
+one meets it again), so the knee's bracket (``knee.knee_bracket``) is bounded above.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class SweepSpec:
     resolution: float = 1.0  # stop bisecting when the pass/fail bracket is this narrow
     max_points: int = 12
     budget_s: float | None = None  # measured seconds over all points; None: unbounded
+    probe_past_undecided: bool = False  # keep raising the load past an undecided point until one breaks
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and self.budget_s <= 0:
@@ -302,8 +305,8 @@ async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
     def left_s() -> float | None:
         return None if spec.budget_s is None else spec.budget_s - (bench.measured_s - spent_before)
 
-    async def measure(level: float) -> bool | None:
-        """Whether ``level`` met the SLO; None: the budget is spent, the sweep stops."""
+    async def measure(level: float) -> PointResult | None:
+        """``level``'s point; None: the budget is spent, the sweep stops."""
         nonlocal out_of_budget
         done = next((p for p in points if p.level == level), None)
         if done is None:
@@ -313,33 +316,34 @@ async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
                 return None
             done = await bench.run_point(level, left)
             points.append(done)
-        return done.passed
+        return done
 
-    lo, hi = 0.0, None
+    lo, hi = 0.0, None  # highest load met; lowest load above it not met
     level = norm(spec.start)
     while len(points) < spec.max_points:
-        met = await measure(level)
-        if met is None:
+        pt = await measure(level)
+        if pt is None:
             break
-        if met:
-            lo = level
-            if level >= spec.max_level:
-                break
-            nxt = norm(min(spec.max_level, level * spec.growth))
-            level = nxt if nxt > level else min(spec.max_level, level + 1)
+        if pt.passed:
+            lo, hi = level, None
         else:
-            hi = level
+            hi = level if hi is None else min(hi, level)
+            if not (spec.probe_past_undecided and pt.verdict == "undecided"):
+                break
+        if level >= spec.max_level:
             break
+        nxt = norm(min(spec.max_level, level * spec.growth))
+        level = nxt if nxt > level else min(spec.max_level, level + 1)
     if hi is not None:
         while len(points) < spec.max_points and hi - lo > spec.resolution:
             mid = (lo + hi) / 2
             mid = float(math.floor(mid)) if integer else round(mid, 6)
             if mid <= lo or mid >= hi or (integer and mid < 1):
                 break
-            met = await measure(mid)
-            if met is None:
+            pt = await measure(mid)
+            if pt is None:
                 break
-            if met:
+            if pt.passed:
                 lo = mid
             else:
                 hi = mid
