@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from chatfleet.bench import techniques
-from chatfleet.bench.knee import KneeSpread, knee_ratio, knee_spread
+from chatfleet.bench.knee import knee_spread
 from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args
 from chatfleet.errors import ConfigError
 
@@ -23,20 +23,6 @@ def test_knee_per_repeat_is_the_highest_load_passing_with_all_lower_ones():
     spread = knee_spread([point(2, [False, True]), point(4, [True, True])])
     assert spread.knees == (None, 4) and spread.low == 0 and spread.high == 4
     assert "0-4 over 2 repeats" in spread.describe()
-
-
-def test_the_ratio_of_two_knees_is_bounded_by_their_spreads():
-    ratio = knee_ratio(6, KneeSpread((5, 8)), 2, KneeSpread((2, 3)))
-    assert ratio.value == 3 and ratio.low == pytest.approx(5 / 3) and ratio.high == 4
-    assert ratio.holds(2.5) and not ratio.holds(4.5) and not ratio.holds(1.5)
-    assert "3.00x (range 1.67x-4.00x" in ratio.describe()
-    # A repeat of the bottom series that met no load leaves the ratio unbounded above.
-    open_above = knee_ratio(6, KneeSpread((6, 6)), 2, KneeSpread((None, 2)))
-    assert open_above.high == float("inf") and open_above.to_dict()["high"] is None
-    assert "unbounded" in open_above.describe()
-    # Repeats all on one side of the pooled knee still leave the knees' own ratio inside the range.
-    assert knee_ratio(4, KneeSpread((6, 7)), 2, KneeSpread((2, 2))).low == 2
-    assert knee_ratio(None, KneeSpread(()), 2, KneeSpread((2, 2))) is None
 
 
 def test_missing_techniques_are_named_not_dropped(monkeypatch):

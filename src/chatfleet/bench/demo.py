@@ -323,8 +323,7 @@ def _print_knees(sweeps: dict[str, SweepResult], con: Console, pool_tokens: int)
         missing = " and ".join(n for n, sw in (("tuned", tuned), ("stock", stock)) if sw.knee is None)
         con.print(f"[yellow]no tuned/stock ratio: no knee for {missing} (see above)[/]")
         return None
-    over = "from the knees' brackets"
-    con.print(f"tuned holds [bold]{ratio.describe(over)}[/] the live chats of stock "
+    con.print(f"tuned holds [bold]{ratio.describe()}[/] the live chats of stock "
               f"({tuned.knee:g} vs {stock.knee:g}) inside the SLO at the same device KV budget")
     return ratio
 

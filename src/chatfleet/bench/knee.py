@@ -60,9 +60,8 @@ def knee_spread(points: Sequence[PointResult]) -> KneeSpread:
 
 @dataclass(frozen=True)
 class KneeRatio:
-    """``value`` = top's knee / bottom's knee; ``low``-``high`` the range around it (``bracket_ratio``:
-    from the knees' brackets; ``knee_ratio``: from their per-repeat spreads); ``high`` is infinite
-    where the range is open above."""
+    """``value`` = top's knee / bottom's knee; ``low``-``high`` the range around it from the knees'
+    brackets (``bracket_ratio``); ``high`` is infinite where the range is open above."""
 
     value: float
     low: float
@@ -72,27 +71,12 @@ class KneeRatio:
         """Whether another run's ratio lies within this one's stated range."""
         return self.low <= value <= self.high
 
-    def describe(self, over: str = "over the knees' spreads") -> str:
+    def describe(self, over: str = "from the knees' brackets") -> str:
         high = "unbounded" if self.high == float("inf") else f"{self.high:.2f}x"
         return f"{self.value:.2f}x (range {self.low:.2f}x-{high} {over})"
 
     def to_dict(self) -> dict:
         return {"value": self.value, "low": self.low, "high": None if self.high == float("inf") else self.high}
-
-
-def knee_ratio(top_knee: float | None, top: KneeSpread, bottom_knee: float | None,
-               bottom: KneeSpread) -> KneeRatio | None:
-    """The ratio of two knees with its range; None where either knee is missing."""
-    if not top_knee or not bottom_knee:
-        return None
-    top_low = top.low if top.low is not None else top_knee
-    top_high = top.high if top.high is not None else top_knee
-    bottom_low = bottom.low if bottom.low is not None else bottom_knee
-    bottom_high = bottom.high if bottom.high is not None else bottom_knee
-    # the range covers the knees' own ratio even where a spread's repeats all fell to one side of it
-    low = min(top_low / bottom_high, top_knee / bottom_knee)
-    high = max(top_high / bottom_low if bottom_low > 0 else float("inf"), top_knee / bottom_knee)
-    return KneeRatio(top_knee / bottom_knee, low, high)
 
 
 @dataclass(frozen=True)
