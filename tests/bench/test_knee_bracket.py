@@ -73,19 +73,31 @@ def test_the_ratio_range_runs_between_the_brackets_opposite_ends():
 
 
 def test_the_climb_goes_on_past_an_undecided_load_until_one_breaks():
-    verdicts = {4: "pass", 8: "undecided", 16: "fail", 6: "pass", 7: "undecided", 5: "pass"}
+    verdicts = {4: "pass", 8: "undecided", 16: "fail", 6: "pass", 7: "undecided", 5: "pass", 12: "fail",
+                10: "undecided", 11: "fail", 9: "fail"}
     measured, res = run_sweep(verdicts, probe_past_undecided=True)
-    assert measured == [4, 8, 16, 6, 7] and res.knee == 6
+    # 16 bounds the bracket; then each step bisects the wider gap (relative to its lower end):
+    # 4..8 (6 met), 8..16 (12 broken), 8..12 (10 undecided), 6..8 (7 undecided), 10..12 (11 broken).
+    assert measured == [4, 8, 16, 6, 12, 10, 7, 11] and res.knee == 6
     b = knee_bracket(res.points, res.knee)
-    assert (b.met, b.broken, b.undecided) == (6, 16, (7, 8))
+    assert (b.met, b.broken, b.undecided) == (6, 11, (7, 8, 10))
     # Without the probe the sweep bisects below the undecided load and leaves the bracket open above.
     measured, res = run_sweep(verdicts)
     assert measured == [4, 8, 6, 7] and res.knee == 6 and knee_bracket(res.points, res.knee).broken is None
+    # The point budget ends the narrowing: 8..16 first (ties go to the knee's side), then 16..32.
+    measured, res = run_sweep({4: "pass", 8: "pass", 16: "undecided", 32: "fail", 12: "pass", 24: "fail"},
+                              probe_past_undecided=True, max_points=6)
+    assert measured == [4, 8, 16, 32, 12, 24] and res.knee == 12
+    assert knee_bracket(res.points, res.knee).describe() == "12-24 (met at 12, undecided at 16, broken at 24)"
     # A load met above an undecided one raises the knee, and the climb goes on from there.
     measured, res = run_sweep({4: "pass", 8: "undecided", 16: "pass", 32: "fail", 24: "fail", 20: "pass",
                                22: "pass", 23: "pass"}, probe_past_undecided=True, max_points=6)
     assert measured == [4, 8, 16, 32, 24, 20] and res.knee == 20
     assert knee_bracket(res.points, res.knee).broken == 24
+    # Met inside the upper gap: the knee rises past the undecided band.
+    measured, res = run_sweep({4: "pass", 8: "undecided", 16: "fail", 6: "pass", 12: "pass", 14: "fail",
+                               13: "fail", 7: "pass"}, probe_past_undecided=True)
+    assert res.knee == 12 and knee_bracket(res.points, res.knee).broken == 13 and measured[:5] == [4, 8, 16, 6, 12]
 
 
 def test_cpu_figures_are_read_from_proc_texts():
@@ -107,12 +119,15 @@ def test_the_watch_counts_a_child_as_ours_and_flags_other_work():
         child.communicate("")
     assert use.ours_s >= 0.35 and use.cpus >= 1 and use.seconds > 0
     quiet = CpuUse(100, 2, 150, 10, 0, 0)
-    busy = CpuUse(100, 2, 120, 30, 20, 5)
-    assert not quiet.disturbed and busy.disturbed and busy.others_share == pytest.approx(0.175)
-    assert "18% of the 2 CPUs over 100 s (67% of it niced, steal 5 s)" == busy.describe()
+    niced = CpuUse(100, 2, 150, 60, 50, 0)  # 30% of the CPUs, all but 5% of them niced: not flagged
+    busy = CpuUse(100, 2, 120, 30, 10, 5)
+    assert not quiet.disturbed and not niced.disturbed and busy.disturbed
+    assert busy.others_share == pytest.approx(0.175) and busy.contending_share == pytest.approx(0.125)
+    assert niced.describe() == "30% of the 2 CPUs over 100 s (25% niced, 5% at normal priority)"
+    assert busy.describe() == "18% of the 2 CPUs over 100 s (5% niced, 12% at normal priority, steal 5 s)"
     con = Console(record=True, width=400)
-    assert _print_other_work({"stock": quiet, "tuned": quiet}, con) is False
-    assert "quiet (under 10%)" in con.export_text()
+    assert _print_other_work({"stock": quiet, "tuned": niced}, con) is False
+    assert "quiet (under 10% at normal priority)" in con.export_text()
     con = Console(record=True, width=400)
     assert _print_other_work({"stock": busy, "tuned": quiet}, con) is True
     text = con.export_text()

@@ -19,9 +19,9 @@ The output names the CPU, each knee with its bracket (the highest load shown to 
 the lowest shown to break it, with any undecided loads between: ``knee.knee_bracket``) and the
 tuned/stock ratio with the range the two brackets give (tuned's low end over stock's high end,
 and the other way round), or says which verdict is missing and why. It watches the machine's CPU
-time during each series (``machine.CpuWatch``) and says DISTURBED where other work took more than
-``DISTURBED_SHARE`` of it: the range covers the sampling noise of one machine state, not a change
-in what else the machine runs.
+time during each series (``machine.CpuWatch``) and says DISTURBED where other work at normal
+priority took more than ``DISTURBED_SHARE`` of it (niced work is reported, not flagged): the range
+covers the sampling noise of one machine state, not a change in what else the machine runs.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class DemoConfig:
     series_budget_s: float = 330.0  # measured seconds one series' sweep may spend
     start: int = 4
     max_level: int = 64
-    max_points: int = 5  # the climb goes on past an undecided load until one breaks
+    max_points: int = 6  # with the climb past an undecided load and the bisection of the gap above it
     growth: float = 2.0  # between load levels until the SLO breaks
     resolution: float = 1.0  # then bisect until the bracket is this narrow (chats)
     repeats: int = 2
@@ -335,9 +335,10 @@ def _print_other_work(other_work: dict[str, CpuUse], con: Console) -> bool:
     parts = "; ".join(f"{n}'s sweep {u.describe()}" for n, u in other_work.items())
     disturbed = [n for n, u in other_work.items() if u.disturbed]
     if not disturbed:
-        con.print(f"other work on the machine: {parts}: quiet (under {DISTURBED_SHARE:.0%})", highlight=False)
+        con.print(f"other work on the machine: {parts}: quiet (under {DISTURBED_SHARE:.0%} at normal priority)",
+                  highlight=False)
         return False
-    con.print(f"[yellow]DISTURBED: other work took over {DISTURBED_SHARE:.0%} of the CPUs during "
+    con.print(f"[yellow]DISTURBED: other work at normal priority took over {DISTURBED_SHARE:.0%} of the CPUs during "
               f"{' and '.join(disturbed)} ({parts}). The knees measured a machine shared with it, "
               "and the ratio's range does not cover that: rerun on a quiet machine to compare.[/]", highlight=False)
     return True

@@ -56,7 +56,7 @@ def machine_info() -> MachineInfo:
     return MachineInfo(cpu_model(), os.cpu_count() or 1, load_average())
 
 
-DISTURBED_SHARE = 0.10  # other work above this share of the machine's CPU time disturbs a measurement
+DISTURBED_SHARE = 0.10  # other work at normal priority above this share of the CPU time disturbs a measurement
 
 
 @dataclass(frozen=True)
@@ -71,27 +71,34 @@ class CpuUse:
     others_nice_s: float  # of which at a positive nice: work that yields to ours, yet takes CPU beside it
     steal_s: float  # CPU seconds the hypervisor gave to other machines
 
+    def _share(self, cpu_s: float) -> float:
+        total = self.seconds * self.cpus
+        return cpu_s / total if total > 0 else 0.0
+
     @property
     def others_share(self) -> float:
         """Other work's CPU time (steal included) as a share of all the machine's CPU time."""
-        total = self.seconds * self.cpus
-        return (self.others_s + self.steal_s) / total if total > 0 else 0.0
+        return self._share(self.others_s + self.steal_s)
+
+    @property
+    def contending_share(self) -> float:
+        """The share other work took at normal priority, competing with ours on equal terms (steal
+        included); niced work runs mostly where ours leaves a CPU idle."""
+        return self._share(self.others_s - self.others_nice_s + self.steal_s)
 
     @property
     def disturbed(self) -> bool:
-        return self.others_share > DISTURBED_SHARE
+        return self.contending_share > DISTURBED_SHARE
 
     def describe(self) -> str:
-        extra = []
-        if self.others_nice_s > 0.05 * self.others_s and self.others_s > 0:
-            extra.append(f"{self.others_nice_s / self.others_s:.0%} of it niced")
+        extra = [f"{self._share(self.others_nice_s):.0%} niced, {self.contending_share:.0%} at normal priority"]
         if self.steal_s >= 0.5:
             extra.append(f"steal {self.steal_s:.0f} s")
-        text = f"{self.others_share:.0%} of the {self.cpus} CPUs over {self.seconds:.0f} s"
-        return text + (f" ({', '.join(extra)})" if extra else "")
+        return f"{self.others_share:.0%} of the {self.cpus} CPUs over {self.seconds:.0f} s ({', '.join(extra)})"
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "others_share": self.others_share, "disturbed": self.disturbed}
+        return {**asdict(self), "others_share": self.others_share, "contending_share": self.contending_share,
+                "disturbed": self.disturbed}
 
 
 def cpu_times(stat: str) -> tuple[float, float, float]:

@@ -129,7 +129,8 @@ def _machine_and_ratio(doc: dict) -> str:
                 f"{load} at the start" + (f", {after} at the end" if after else "") + "</p>")
         other = m.get("other_work") or {}
         if other:
-            shares = "; ".join(f"{html.escape(n)} {u['others_share']:.0%}" for n, u in other.items())
+            shares = "; ".join(f"{html.escape(n)} {u['others_share']:.0%} ({u.get('contending_share', 0):.0%} at "
+                               "normal priority)" for n, u in other.items())
             flag = ("<b>DISTURBED</b>: the ratio's range does not cover other work on the machine"
                     if m.get("disturbed") else "quiet")
             out += f"<p>Other work's share of the CPUs during each series: {shares} ({flag}).</p>"

@@ -13,7 +13,8 @@ to ``extend_up_to`` times its repeats. A knee is never called on an undecided po
 able to decide (a p95 needs 72 values before it can be bounded above), within a cap on the point's
 measured seconds; a sweep's ``budget_s`` caps the measured seconds of all its points. With
 ``probe_past_undecided`` the climb goes on past an undecided point until a load breaks the SLO (or
-one meets it again), so the knee's bracket (``knee.knee_bracket``) is bounded above.
+one meets it again), so the knee's bracket (``knee.knee_bracket``) is bounded above, and the
+bisection also narrows the gap between the undecided loads and the lowest broken one.
 """
 
 from __future__ import annotations
@@ -334,19 +335,46 @@ async def sweep(bench: Bench, spec: SweepSpec) -> SweepResult:
             break
         nxt = norm(min(spec.max_level, level * spec.growth))
         level = nxt if nxt > level else min(spec.max_level, level + 1)
+    def midpoint(a: float, b: float) -> float | None:
+        mid = float(math.floor((a + b) / 2)) if integer else round((a + b) / 2, 6)
+        return None if mid <= a or mid >= b or (integer and mid < 1) else mid
+
+    def upper_gap() -> tuple[float, float] | None:
+        """With the probe: the gap between the highest undecided load above the knee and the lowest
+        broken one above that, where it is wider than the resolution."""
+        if not spec.probe_past_undecided:
+            return None
+        above = [p for p in points if p.level > lo]
+        broken = min((p.level for p in above if p.verdict == "fail"), default=None)
+        band = [p.level for p in above if not p.passed and p.verdict != "fail" and (broken is None or p.level < broken)]
+        if broken is None or not band or broken - max(band) <= spec.resolution:
+            return None
+        return max(band), broken
+
     if hi is not None:
-        while len(points) < spec.max_points and hi - lo > spec.resolution:
-            mid = (lo + hi) / 2
-            mid = float(math.floor(mid)) if integer else round(mid, 6)
-            if mid <= lo or mid >= hi or (integer and mid < 1):
+        # Bisect the gap below the lowest load not met (raising the knee) and, with the probe, the
+        # gap between the undecided band and the lowest broken load (lowering the bracket's top):
+        # each step the one wider relative to its lower end, as a ratio of knees reads it.
+        while len(points) < spec.max_points:
+            gaps = [g for g in ((lo, hi) if hi - lo > spec.resolution else None, upper_gap()) if g is not None]
+            if not gaps:
+                break
+            a, b = max(gaps, key=lambda g: (g[1] - g[0]) / g[0] if g[0] > 0 else math.inf)
+            mid = midpoint(a, b)
+            if mid is None or any(p.level == mid for p in points):
                 break
             pt = await measure(mid)
             if pt is None:
                 break
-            if pt.passed:
-                lo = mid
-            else:
-                hi = mid
+            if mid < hi:
+                if pt.passed:
+                    lo = mid
+                else:
+                    hi = mid
+            elif pt.passed:  # met above the undecided band: the knee rises there
+                lo, hi = mid, min((p.level for p in points if p.level > mid and not p.passed), default=None)
+                if hi is None:
+                    break
     points.sort(key=lambda p: p.level)
     return SweepResult(bench.p.load.mode, str(bench.p.slo), points, lo if lo > 0 else None, hi is not None,
                        out_of_budget)
