@@ -86,12 +86,14 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--no-floor", action="store_true", help="skip measuring the machine's floor")
+    ap.add_argument("--decode-kernel", default="auto", choices=["auto", "cpp", "torch"],
+                    help="CPU decode attention: the C++ kernel (cpp), torch ops, or auto (cpp where it builds)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype, quantization=args.quantization)
     blocks = max(args.batch) * (-(-(args.context + args.steps + 1) // BLOCK))
-    runner = TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype)
+    runner = TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype, decode_kernel=args.decode_kernel)
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
     rows = [measure(runner, b, args.context, args.steps, params, loaded.config.vocab_size) for b in args.batch]
@@ -108,7 +110,7 @@ def main() -> None:
             r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor, cpu_s)
 
     dtype = str(loaded.dtype).removeprefix("torch.")  # --dtype auto resolved
-    precision = f"{dtype}, KV {args.kv_cache_dtype}"
+    precision = f"{dtype}, KV {args.kv_cache_dtype}, decode {runner.decode_kernel}"
     if args.quantization:
         precision += f", {args.quantization} weights"
     machine = describe_machine(threads_used=torch.get_num_threads())
@@ -138,7 +140,8 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     path = out / f"runner_step-{time.strftime('%Y%m%d-%H%M%S')}.json"
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "threads": torch.get_num_threads(),
+    path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "decode_kernel": runner.decode_kernel,
+                                "threads": torch.get_num_threads(),
                                 "machine": machine,
                                 "loadavg": os.getloadavg(), "floor": floor.as_dict() if floor else None,
                                 "rows": rows}, indent=2))

@@ -2,7 +2,8 @@
 bfloat16: a request's greedy output is the same alone or batched, chunked or not, with a
 prefix-cache hit or cold, and after preemption.
 
-Every test runs on both attention paths of the runner: ``gather`` (the CPU's own) and
+Every test runs on both attention paths of the runner: ``gather`` (the CPU's own; its decodes
+through the C++ kernel where it builds, and as ``gather:torch`` through torch ops) and
 ``kernels`` (block tables built once per step and the dispatched kernels, which on the CPU run
 their torch references: the wiring a GPU runs with Triton; float32 only here). ``test_cuda_equivalence.py`` runs
 the same family on a GPU."""
@@ -48,7 +49,7 @@ def prompts(loaded):
     return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
 
 
-@pytest.fixture(scope="module", params=["gather", "kernels"])
+@pytest.fixture(scope="module", params=["gather", "gather:torch", "kernels"])
 def attention(request, loaded):
     if request.param == "kernels" and loaded.dtype != torch.float32:
         # The kernels path's CPU references attend through SDPA, whose bfloat16 blocking follows
@@ -65,8 +66,12 @@ def make_engine(loaded, num_blocks=128, prefix=True, num_host_blocks=0, attentio
         cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
         scheduler=SchedulerConfig(**sched),
     )
-    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, attention=attention)
-    assert runner.attention == attention
+    path, _, decode_kernel = attention.partition(":")
+    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, attention=path,
+                         decode_kernel=decode_kernel or "auto")
+    assert runner.attention == path
+    if decode_kernel:
+        assert runner.decode_kernel == decode_kernel
     return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 

@@ -35,6 +35,11 @@ def engine(
     kernels: str = typer.Option(
         _E.kernels, "--kernels", help="Model kernels: auto (oneDNN on CPU where available), onednn or torch."
     ),
+    decode_kernel: str = typer.Option(
+        _E.decode_kernel, "--decode-kernel",
+        help="CPU decode attention: auto (a C++ kernel reading K/V in place, built at start where a "
+             "compiler is found), cpp or torch (torch ops).",
+    ),
     kv_cache_dtype: str = typer.Option(
         _E.kv_cache_dtype, "--kv-cache-dtype",
         help="KV cache dtype: auto (the model's), float32, bfloat16, float16, fp8.",
@@ -127,6 +132,7 @@ def engine(
             served_model_name=served_model_name,
             dtype=dtype,
             kernels=kernels,
+            decode_kernel=decode_kernel,
             seed=seed,
             max_model_len=max_model_len,
             num_threads=threads,

@@ -76,6 +76,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--dtype", "engine.dtype", "str"),
     Flag("--device", "engine.device", "str"),
     Flag("--kernels", "engine.kernels", "str"),
+    Flag("--decode-kernel", "engine.decode_kernel", "str"),
     Flag("--seed", "engine.seed", "int"),
     Flag("--max-model-len", "engine.max_model_len", "int"),
     Flag("--threads", "engine.num_threads", "int"),

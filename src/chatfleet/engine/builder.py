@@ -169,7 +169,8 @@ def _load_runner(config: EngineConfig) -> _LoadedRunner:
     runner = TorchRunner(loaded, num_blocks, config.cache.block_size, config.device, seed=config.seed,
                          num_host_blocks=num_host_blocks, kv_cache_dtype=config.kv_cache_dtype,
                          kv_scales_from_prompts=config.kv_scales_from_prompts,
-                         enforce_eager=config.enforce_eager, max_decode_batch=config.scheduler.max_running)
+                         enforce_eager=config.enforce_eager, max_decode_batch=config.scheduler.max_running,
+                         decode_kernel=config.decode_kernel)
     if runner.graphs is not None:
         start = time.perf_counter()
         sizes = runner.capture_graphs()

@@ -10,7 +10,7 @@ from typing import Any
 from chatfleet.engine.device import check_device_name
 from chatfleet.engine.kv.eviction_policies import EVICTION_POLICIES
 from chatfleet.engine.kv.spec import KVCacheSpec, PoolPlan
-from chatfleet.engine.models.backends import KERNEL_BACKENDS
+from chatfleet.engine.models.backends import DECODE_KERNELS, KERNEL_BACKENDS
 from chatfleet.engine.scheduling_policy import SCHEDULING_POLICIES
 from chatfleet.engine.sizing.memory import MemoryBreakdown, memory_breakdown
 from chatfleet.errors import ConfigError
@@ -127,6 +127,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"  # --device auto|cpu|cuda[:N] (auto: CUDA when present; engine/device.py)
     kernels: str = "auto"  # model kernels: auto (oneDNN on CPU where available), onednn, torch
+    decode_kernel: str = "auto"  # CPU decode attention: auto (cpp where it builds), cpp, torch
     seed: int = 0
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     num_threads: int | None = None  # torch intra-op threads; None: leave as is
@@ -160,6 +161,8 @@ class EngineConfig:
                                   "--kv-cache-memory), not both")
         if self.kernels not in KERNEL_BACKENDS:
             raise ConfigError(f"unknown kernel backend {self.kernels!r}; valid: {', '.join(KERNEL_BACKENDS)}")
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ConfigError(f"unknown decode kernel {self.decode_kernel!r}; valid: {', '.join(DECODE_KERNELS)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError("max_model_len must be >= 1")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

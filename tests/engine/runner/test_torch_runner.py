@@ -179,3 +179,19 @@ def test_bfloat16_runner_runs(loaded):
     for r in reqs:
         assert len(r["out"]) == 4 and all(0 <= t < bf16.config.vocab_size for t in r["out"])
         assert all(lp is not None and lp.logprob <= 0 for lp in r["lps"])
+
+
+def test_decode_kernel_resolves_to_cpp_where_it_builds_and_refuses_what_it_cannot_take():
+    from chatfleet.engine.models import paged_decode_cpu
+    from chatfleet.engine.runner.torch_runner import resolve_decode_kernel
+
+    cpu, f32, bf16 = torch.device("cpu"), torch.float32, torch.bfloat16
+    built = paged_decode_cpu.available()
+    assert resolve_decode_kernel("auto", cpu, f32, f32, {64}, {4}) == ("cpp" if built else "torch")
+    assert resolve_decode_kernel("torch", cpu, f32, f32, {64}, {4}) == "torch"
+    assert resolve_decode_kernel("auto", cpu, bf16, torch.float8_e4m3fn, {64}, {4}) == "torch"  # FP8 cache
+    assert resolve_decode_kernel("auto", cpu, f32, f32, {96}, {4}) == "torch"  # head dim
+    with pytest.raises(ValueError, match="cpp decode kernel cannot run"):
+        resolve_decode_kernel("cpp", cpu, torch.float16, torch.float16, {64}, {4})
+    with pytest.raises(ValueError, match="unknown decode kernel"):
+        resolve_decode_kernel("fast", cpu, f32, f32, {64}, {4})

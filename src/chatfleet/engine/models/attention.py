@@ -27,6 +27,7 @@ from chatfleet.engine.models.decode_attention import (
     decode_attention,
 )
 from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
+from chatfleet.engine.models.paged_decode_cpu import paged_decode
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
@@ -72,6 +73,10 @@ class AttentionMetadata:
     workspace: Workspace | None = None  # reusable gather buffers (saves page faults per layer)
     sliding_window: int | None = None  # queries see only the last ``sliding_window`` positions
     ops: PagedAttentionOps | None = None  # set: the step runs through these kernels instead
+    # Set (instead of decode_groups): the decodes run the C++ kernel (paged_decode_cpu.py) over
+    # these [num_decodes, max blocks] int64 tables (padded with block 0) and [num_decodes] lengths.
+    decode_block_tables: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -84,6 +89,7 @@ def build_attention_metadata(
     device: torch.device | str,
     decode_pad_limit: int = DECODE_PAD_LIMIT,
     sliding_window: int | None = None,
+    decode_kernel: bool = False,
 ) -> AttentionMetadata:
     """Metadata for ``len(decode_context_lens)`` single-token queries followed by the chunks.
 
@@ -91,14 +97,24 @@ def build_attention_metadata(
     than needed (only the blocks covering the context are used). Decodes are grouped in the
     given order (see ``decode_attention.group_decodes``); sorted by length they pad least.
     With ``sliding_window``, only blocks holding positions inside some query's window are read.
+    ``decode_kernel``: the decodes run the C++ kernel (block tables as one tensor, no groups);
+    the caller checks it applies (``paged_decode_cpu.available`` and ``supports``, no window).
     """
     slots: list[torch.Tensor] = []
     num_decodes = len(decode_context_lens)
     decode_groups: list[DecodeGroup] = []
+    decode_tables = decode_lens = None
     if num_decodes:
         decode_slots = [table[(ctx - 1) // block_size] * block_size + (ctx - 1) % block_size
                         for ctx, table in zip(decode_context_lens, decode_block_tables, strict=True)]
         slots.append(torch.tensor(decode_slots, dtype=torch.long, device=device))
+    if num_decodes and decode_kernel:
+        assert sliding_window is None, "the decode kernel has no sliding window"
+        width = max(-(-ctx // block_size) for ctx in decode_context_lens)
+        rows = [table[:width] + [0] * (width - min(len(table), width)) for table in decode_block_tables]
+        decode_tables = torch.tensor(rows, dtype=torch.long, device=device)
+        decode_lens = torch.tensor(decode_context_lens, dtype=torch.long, device=device)
+    elif num_decodes:
         decode_groups = build_decode_groups(decode_context_lens, decode_block_tables, block_size, device,
                                             decode_pad_limit, sliding_window)
 
@@ -121,6 +137,8 @@ def build_attention_metadata(
         decode_groups=decode_groups,
         chunks=chunks,
         sliding_window=sliding_window,
+        decode_block_tables=decode_tables,
+        decode_context_lens=decode_lens,
     )
 
 
@@ -147,10 +165,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     d = meta.num_decodes
     ks, vs = (cache.k_scale, cache.v_scale) if cache.is_fp8 else (1.0, 1.0)
     if not meta.chunks:
-        return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
+        return _decodes(q, cache, meta, scale, ks, vs)
     out = torch.empty_like(q)
     if d:
-        out[:d] = decode_attention(q[:d], cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
+        out[:d] = _decodes(q[:d], cache, meta, scale, ks, vs)
     for c in meta.chunks:
         qs = slice(c.query_start, c.query_start + c.query_len)
         if c.start_position == 0:  # nothing cached before: attend over the chunk itself
@@ -165,6 +183,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         out[qs] = chunk_attention(q[qs], kc, vc, c.start_position, scale, kernels, meta.sliding_window,
                                   c.key_start if c.start_position else 0)
     return out
+
+
+def _decodes(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float, ks: float,
+             vs: float) -> torch.Tensor:
+    """The step's single-token queries: the C++ kernel where the metadata has its tables, else torch ops."""
+    if meta.decode_block_tables is not None:
+        assert meta.decode_context_lens is not None
+        return paged_decode(q, cache.key, cache.value, meta.decode_block_tables, meta.decode_context_lens, scale)
+    return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
 
 
 def _read(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None, name: str, scale: float,

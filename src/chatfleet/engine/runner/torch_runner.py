@@ -17,11 +17,15 @@ from chatfleet.engine.kernels.fp8_gemm import fp8_block_linear
 from chatfleet.engine.kernels.moe_experts import use_grouped_experts
 from chatfleet.engine.kernels.step_attention import build_step_tables, kernel_metadata
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, Workspace, build_attention_metadata
+from chatfleet.engine.models.backends import DECODE_KERNELS
 from chatfleet.engine.models.checkpoint import LoadedModel, resolve_dtype
 from chatfleet.engine.models.fp8_model import use_block_gemm
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
+from chatfleet.engine.models.paged_decode_cpu import DTYPES as DECODE_KERNEL_DTYPES
+from chatfleet.engine.models.paged_decode_cpu import HEAD_DIMS, MAX_GROUP
+from chatfleet.engine.models.paged_decode_cpu import available as decode_kernel_available
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
     NO_TRANSFERS,
@@ -58,6 +62,32 @@ def resolve_attention_path(requested: str, device: torch.device) -> str:
     if requested == "auto":
         return "kernels" if device.type == "cuda" else "gather"
     return requested
+
+
+# The decode attention of the CPU's gather path: ``cpp`` (the C++ kernel reading K/V in place,
+# models/paged_decode_cpu.py; an error where it cannot build or does not take the model),
+# ``torch`` (torch ops over padded groups, decode_attention.py), ``auto`` (cpp where it builds
+# and takes the model's shapes, dtype and cache, else torch); names in models/backends.py.
+
+
+def resolve_decode_kernel(requested: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype,
+                          head_dims: set[int], groups: set[int]) -> str:
+    """``cpp`` or ``torch`` for the gather path's decodes (sliding-window layers always use torch)."""
+    if requested not in DECODE_KERNELS:
+        raise ValueError(f"unknown decode kernel {requested!r}; valid: {', '.join(DECODE_KERNELS)}")
+    if requested == "torch":
+        return "torch"
+    fits = (device.type == "cpu" and dtype in DECODE_KERNEL_DTYPES and kv_dtype == dtype
+            and head_dims <= set(HEAD_DIMS) and max(groups, default=1) <= MAX_GROUP)
+    if fits and decode_kernel_available():
+        return "cpp"
+    if requested == "cpp":
+        why = "no C++ compiler or a failed build" if fits else (
+            f"it needs a CPU, float32/bfloat16 model and cache of one dtype, head dims in {HEAD_DIMS} and "
+            f"at most {MAX_GROUP} query heads per kv head; got {device.type}, {dtype}, cache {kv_dtype}, "
+            f"head dims {sorted(head_dims)}, groups {sorted(groups)}")
+        raise ValueError(f"the cpp decode kernel cannot run here: {why}")
+    return "torch"
 
 
 def initial_kv_scales(loaded: LoadedModel, from_prompts: int | None) -> tuple[KVScales | None, int]:
@@ -118,7 +148,8 @@ class TorchRunner:
                  device: str | torch.device | None = None, seed: int = 0, num_host_blocks: int = 0,
                  kv_cache_dtype: str = "auto", kv_scales_from_prompts: int | None = None,
                  attention: str = "auto", kernel_backend: str = "auto", enforce_eager: bool = False,
-                 max_decode_batch: int = 256, copy_engine: CopyEngine | None = None) -> None:
+                 max_decode_batch: int = 256, copy_engine: CopyEngine | None = None,
+                 decode_kernel: str = "auto") -> None:
         # One pool size for every layer group, or one per group name (kv/hybrid.py).
         group_blocks = dict(num_blocks) if isinstance(num_blocks, Mapping) else None
         blocks = max(num_blocks.values(), default=0) if isinstance(num_blocks, Mapping) else num_blocks
@@ -152,6 +183,10 @@ class TorchRunner:
         self.host_kv = (HostKVTransfer(device_caches, num_host_blocks, copy_engine) if num_host_blocks > 0
                         else None)
         self.attention = resolve_attention_path(attention, self.device)
+        layer_groups = [g for g in self.kv_spec.groups if not g.is_sliding]  # windows: torch ops
+        self.decode_kernel = resolve_decode_kernel(
+            decode_kernel, self.device, loaded_model.dtype, kv_dtype, {g.head_dim for g in layer_groups},
+            {self.config.num_heads // g.num_kv_heads for g in layer_groups})
         if kernel_backend not in KERNEL_DISPATCH:
             raise ValueError(f"unknown kernel backend {kernel_backend!r}; valid: {', '.join(KERNEL_DISPATCH)}")
         self.kernel_backend = kernel_backend
@@ -331,7 +366,7 @@ class TorchRunner:
             meta = build_attention_metadata(
                 self._block_size, decode_context_lens=decode_lens, decode_block_tables=decode_tables,
                 chunk_starts=starts, chunk_lens=lens, chunk_block_tables=chunk_tables, device=self.device,
-                sliding_window=window,
+                sliding_window=window, decode_kernel=self.decode_kernel == "cpp" and window is None,
             )
             meta.workspace = self._workspace
             return meta

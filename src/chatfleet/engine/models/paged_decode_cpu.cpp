@@ -1,0 +1,185 @@
+// Paged decode attention on the CPU: one query token per sequence over its K/V read in place
+// from the block pool (see cpu_paged_decode.py for why it is hand-written and how it is built).
+//
+// key/value: [num_kv_heads, num_blocks, block_size, head_dim] (float32 or bfloat16 bits);
+// q, out: [batch, num_heads, head_dim] in the same dtype; block_tables: [batch, table_width]
+// int64; context_lens: [batch] int64. Query heads h * group .. h * group + group - 1 share kv
+// head h. Scores, softmax and the weighted sum of V are float32; out is rounded once.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float bf16_to_float(uint16_t x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, like torch
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+template <typename T>
+inline void load_row(const T* src, float* dst, int d);
+
+template <>
+inline void load_row<float>(const float* src, float* dst, int d) {
+  for (int i = 0; i < d; ++i) dst[i] = src[i];
+}
+
+template <>
+inline void load_row<uint16_t>(const uint16_t* src, float* dst, int d) {
+  for (int i = 0; i < d; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+// A row as float32: float32 rows are read where they are; bf16 rows are widened into `tmp`.
+template <typename T>
+inline const float* as_float(const T* src, float* tmp, int d);
+
+template <>
+inline const float* as_float<float>(const float* src, float* tmp, int d) {
+  load_row<float>(src, tmp, d);  // a copy into the stack row: the loops below then vectorize freely
+  return tmp;
+}
+
+template <>
+inline const float* as_float<uint16_t>(const uint16_t* src, float* tmp, int d) {
+  load_row<uint16_t>(src, tmp, d);
+  return tmp;
+}
+
+inline void store_row(const float* src, float* dst, int d, float s) {
+  for (int i = 0; i < d; ++i) dst[i] = src[i] * s;
+}
+
+inline void store_row(const float* src, uint16_t* dst, int d, float s) {
+  for (int i = 0; i < d; ++i) dst[i] = float_to_bf16(src[i] * s);
+}
+
+// Blocks sit anywhere in the pool (a float32 block of 16 x 64 is one 4 KiB page): the hardware
+// prefetcher stops at page boundaries, so the next block's lines are requested ahead.
+template <typename T>
+inline void prefetch_block(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+}
+
+template <typename T, int D>
+void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t* table, int64_t ctx,
+                int group, int64_t head_offset, int block_size, float scale, std::vector<float>& scores) {
+  const int d = D;
+  const int G = group;
+  scores.resize(static_cast<size_t>(G) * ctx);
+  float qf[8][D];
+  float acc[8][D];
+  float row[D];
+  for (int g = 0; g < G; ++g) {
+    load_row<T>(q + static_cast<int64_t>(g) * d, qf[g], d);
+    for (int i = 0; i < d; ++i) qf[g][i] *= scale;
+  }
+  // Scores: every key row read once (block by block, in place), dotted with the group's query heads.
+  const int64_t nblk = (ctx + block_size - 1) / block_size;
+  for (int64_t bi = 0; bi < nblk; ++bi) {
+    const T* kb = key + (head_offset + table[bi] * block_size) * d;
+    if (bi + 1 < nblk) prefetch_block(key + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
+    const int64_t t0 = bi * block_size;
+    const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
+    for (int o = 0; o < n; ++o) {
+      const float* k = as_float<T>(kb + static_cast<int64_t>(o) * d, row, d);
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int i = 0; i < D; ++i) s += qf[g][i] * k[i];
+        scores[static_cast<size_t>(g) * ctx + t0 + o] = s;
+      }
+    }
+  }
+  float inv_sum[8];
+  for (int g = 0; g < G; ++g) {
+    float* s = scores.data() + static_cast<size_t>(g) * ctx;
+    float m = -INFINITY;
+    for (int64_t t = 0; t < ctx; ++t) m = s[t] > m ? s[t] : m;
+    float sum = 0.f;
+    for (int64_t t = 0; t < ctx; ++t) {
+      s[t] = std::exp(s[t] - m);
+      sum += s[t];
+    }
+    inv_sum[g] = 1.f / sum;
+    for (int i = 0; i < d; ++i) acc[g][i] = 0.f;
+  }
+  // Weighted sum of V: every value row read once.
+  for (int64_t bi = 0; bi < nblk; ++bi) {
+    const T* vb = value + (head_offset + table[bi] * block_size) * d;
+    if (bi + 1 < nblk) prefetch_block(value + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
+    const int64_t t0 = bi * block_size;
+    const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
+    for (int o = 0; o < n; ++o) {
+      const float* v = as_float<T>(vb + static_cast<int64_t>(o) * d, row, d);
+      for (int g = 0; g < G; ++g) {
+        const float p = scores[static_cast<size_t>(g) * ctx + t0 + o];
+        for (int i = 0; i < D; ++i) acc[g][i] += p * v[i];
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) store_row(acc[g], out + static_cast<int64_t>(g) * d, d, inv_sum[g]);
+}
+
+template <typename T, int D>
+void run(const T* q, const T* key, const T* value, T* out, const int64_t* block_tables,
+         const int64_t* context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+         int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int threads) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t items = batch * num_kv_heads;
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+  {
+    std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = item / num_kv_heads, h = item % num_kv_heads;
+      const int64_t qoff = (b * num_heads + h * group) * D;
+      attend_one<T, D>(q + qoff, key, value, out + qoff, block_tables + b * table_width, context_lens[b],
+                       static_cast<int>(group), h * num_blocks * block_size, static_cast<int>(block_size),
+                       scale, scores);
+    }
+  }
+}
+
+template <typename T>
+int dispatch(const T* q, const T* key, const T* value, T* out, const int64_t* bt, const int64_t* cl,
+             int64_t batch, int64_t nh, int64_t nkv, int64_t nb, int64_t bs, int64_t tw, int64_t d,
+             float scale, int threads) {
+  switch (d) {
+    case 64: run<T, 64>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
+    case 128: run<T, 128>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
+    case 256: run<T, 256>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0 on success, nonzero where the shape is not supported (the caller falls back).
+int cf_paged_decode(const void* q, const void* key, const void* value, void* out, const int64_t* block_tables,
+                    const int64_t* context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
+                    int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t head_dim, float scale,
+                    int bf16, int threads) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads || num_heads / num_kv_heads > 8) return 2;
+  if (bf16)
+    return dispatch(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(key),
+                    static_cast<const uint16_t*>(value), static_cast<uint16_t*>(out), block_tables, context_lens,
+                    batch, num_heads, num_kv_heads, num_blocks, block_size, table_width, head_dim, scale, threads);
+  return dispatch(static_cast<const float*>(q), static_cast<const float*>(key), static_cast<const float*>(value),
+                  static_cast<float*>(out), block_tables, context_lens, batch, num_heads, num_kv_heads, num_blocks,
+                  block_size, table_width, head_dim, scale, threads);
+}
+
+}  // extern "C"
