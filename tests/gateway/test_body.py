@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -78,3 +80,53 @@ def test_large_bodies_get_the_same_verdict_from_the_worker_process():
     results = asyncio.run(run())
     assert results == [inspect_body(CHAT, body) for body in (big, bad, chat())]
     assert isinstance(results[0], ParsedBody) and isinstance(results[1], BodyRejected)
+
+
+def test_the_worker_starts_off_the_event_loop_and_once(monkeypatch):
+    """Starting the worker blocks for a few hundred ms: it happens on a thread (the event loop
+    keeps ticking meanwhile), once for concurrent first bodies, and again after a close."""
+    big = chat("word " * 100_000)
+    threads: list[str] = []
+    pools: list[ProcessPoolExecutor] = []
+
+    class CountedPool(ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pools.append(self)
+
+    monkeypatch.setattr("chatfleet.gateway.body.ProcessPoolExecutor", CountedPool)
+
+    async def run():
+        inspector = BodyInspector(offload_bytes=64 << 10)
+        started = inspector._started
+
+        def spy():
+            threads.append(threading.current_thread().name)
+            return started()
+
+        inspector._started = spy  # type: ignore[method-assign]
+        try:
+            assert not inspector.started
+            ticks = 0
+
+            async def tick():
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.001)
+
+            ticker = asyncio.create_task(tick())
+            results = await asyncio.gather(*(inspector.inspect(CHAT, big) for _ in range(3)))
+            ticker.cancel()
+            assert inspector.started and ticks > 1 and len(pools) == 1
+            inspector.close()
+            assert not inspector.started
+            results.append(await inspector.inspect(CHAT, big))
+            return results
+        finally:
+            inspector.close()
+
+    results = asyncio.run(run())
+    assert results == [inspect_body(CHAT, big)] * 4
+    assert len(pools) == 2  # one more after the close
+    assert threads and threading.main_thread().name not in threads

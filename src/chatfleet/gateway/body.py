@@ -7,7 +7,9 @@ Python converts, invalid UTF-8 and lone surrogates are client errors (400), not 
 ``BodyInspector`` runs it inline for small bodies and in a worker process for large ones:
 ``json.loads`` and pydantic hold the GIL, so a thread would still stall the event loop and
 every stream on it (a few MB of chat take a few hundred ms to validate). At most
-``max_pending`` large bodies are inspected or waiting at once; more wait their turn.
+``max_pending`` large bodies are inspected or waiting at once; more wait their turn. The worker
+starts on the first large body, on a thread: starting it (the forkserver, then the worker) blocks
+its caller for a few hundred ms, and on the event loop that stalled every stream it relays.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -102,6 +105,7 @@ class BodyInspector:
         self.workers = workers
         self._pending = asyncio.Semaphore(max_pending)
         self._pool: ProcessPoolExecutor | None = None
+        self._starting = threading.Lock()
 
     async def inspect(self, path: str, body: bytes) -> ParsedBody | BodyRejected:
         if len(body) < self.offload_bytes:
@@ -109,16 +113,30 @@ class BodyInspector:
         async with self._pending:
             loop = asyncio.get_running_loop()
             try:
-                return await loop.run_in_executor(self._executor(), inspect_body, path, body)
+                return await loop.run_in_executor(await self._executor(), inspect_body, path, body)
             except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh
                 self.close()
-                return await loop.run_in_executor(self._executor(), inspect_body, path, body)
+                return await loop.run_in_executor(await self._executor(), inspect_body, path, body)
 
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:  # forkserver: never fork a process that runs threads
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=lower_cpu_priority)
-        return self._pool
+    async def _executor(self) -> ProcessPoolExecutor:
+        pool = self._pool
+        return pool if pool is not None else await asyncio.to_thread(self._started)
+
+    def _started(self) -> ProcessPoolExecutor:
+        """The pool, its workers started and running (called on a thread, never the event loop)."""
+        with self._starting:
+            if self._pool is None:  # forkserver: never fork a process that runs threads
+                pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
+                                           initializer=lower_cpu_priority)
+                for _ in range(self.workers):
+                    pool.submit(int).result()  # starts a worker and waits for it to run
+                self._pool = pool
+            return self._pool
+
+    @property
+    def started(self) -> bool:
+        """Whether the worker pool is up (it starts on the first large body)."""
+        return self._pool is not None
 
     def close(self) -> None:
         if self._pool is not None:
