@@ -86,17 +86,35 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--no-floor", action="store_true", help="skip measuring the machine's floor")
-    ap.add_argument("--decode-kernel", default="auto", choices=["auto", "cpp", "torch"],
-                    help="CPU decode attention: the C++ kernel (cpp), torch ops, or auto (cpp where it builds)")
+    ap.add_argument("--decode-kernel", default="auto",
+                    help="CPU decode attention: cpp (the C++ kernel), torch (torch ops), auto (cpp where it "
+                         "builds); a comma list (torch,cpp) measures each on its own runner, interleaved")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every (decode kernel, batch) this many times, the kernels' order flipped "
+                         "each round; the table shows the median")
     args = ap.parse_args()
+    kernels = args.decode_kernel.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype, quantization=args.quantization)
     blocks = max(args.batch) * (-(-(args.context + args.steps + 1) // BLOCK))
-    runner = TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype, decode_kernel=args.decode_kernel)
+    runners = [TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype, decode_kernel=k)
+               for k in kernels]
+    runner = runners[0]
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
-    rows = [measure(runner, b, args.context, args.steps, params, loaded.config.vocab_size) for b in args.batch]
+    rounds: dict[tuple[int, int], list[dict]] = {}
+    for r in range(args.rounds):
+        for b in args.batch:
+            order = range(len(runners)) if r % 2 == 0 else reversed(range(len(runners)))
+            for i in order:
+                rounds.setdefault((i, b), []).append(
+                    measure(runners[i], b, args.context, args.steps, params, loaded.config.vocab_size))
+    rows = []
+    for (i, b), got in sorted(rounds.items()):
+        row = {key: statistics.median(g[key] for g in got) for key in got[0] if key not in ("batch", "context")}
+        rows.append({"batch": b, "context": args.context, "decode_kernel": runners[i].decode_kernel, **row,
+                     "rounds": got})
     floor = None
     if not args.no_floor:
         kv_per_token = sum(2 * c.key.shape[0] * c.key.shape[3] * c.key.element_size()
@@ -110,19 +128,19 @@ def main() -> None:
             r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor, cpu_s)
 
     dtype = str(loaded.dtype).removeprefix("torch.")  # --dtype auto resolved
-    precision = f"{dtype}, KV {args.kv_cache_dtype}, decode {runner.decode_kernel}"
+    precision = f"{dtype}, KV {args.kv_cache_dtype}, {args.rounds} round(s)"
     if args.quantization:
         precision += f", {args.quantization} weights"
     machine = describe_machine(threads_used=torch.get_num_threads())
     table = Table(title=f"TorchRunner, {args.model} {precision}, {torch.get_num_threads()} threads, "
                         f"{one_line(machine)}")
-    cols = ["batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"]
+    cols = ["decode", "batch", "prefill tok/s", "decode step ms (wall / cpu)", "decode tok/s"]
     if floor is not None:
         cols += ["floor ms (bytes / flops)", "bound", "step / floor (wall / cpu)"]
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
-        cells = [str(r["batch"]), f"{r['prefill_tok_s_wall']:.0f}",
+        cells = [r["decode_kernel"], str(r["batch"]), f"{r['prefill_tok_s_wall']:.0f}",
                  f"{r['decode_step_ms_wall']:.1f} / {r['decode_step_ms_cpu']:.1f}", f"{r['decode_tok_s_wall']:.0f}"]
         if floor is not None:
             f = r["floor"]
@@ -140,7 +158,8 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     path = out / f"runner_step-{time.strftime('%Y%m%d-%H%M%S')}.json"
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    path.write_text(json.dumps({"args": vars(args), "dtype": dtype, "decode_kernel": runner.decode_kernel,
+    path.write_text(json.dumps({"args": vars(args), "dtype": dtype,
+                                "decode_kernels": [r.decode_kernel for r in runners],
                                 "threads": torch.get_num_threads(),
                                 "machine": machine,
                                 "loadavg": os.getloadavg(), "floor": floor.as_dict() if floor else None,

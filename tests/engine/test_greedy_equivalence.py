@@ -15,6 +15,7 @@ from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.dtype import native_bf16
+from chatfleet.engine.models import paged_decode_cpu
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
@@ -72,6 +73,8 @@ def make_engine(loaded, num_blocks=128, prefix=True, num_host_blocks=0, attentio
     assert runner.attention == path
     if decode_kernel:
         assert runner.decode_kernel == decode_kernel
+    elif path == "gather" and paged_decode_cpu.available():
+        assert runner.decode_kernel == "cpp"  # the tiny model's decodes run the C++ kernel
     return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 
@@ -174,12 +177,17 @@ def test_prompt_logprobs_chunked_match_unchunked(loaded, prompts, attention):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
 
-def test_engine_built_from_config_loads_sizes_and_matches(loaded, prompts, alone):
+def _decode_kernel(attention):
+    """The config's decode kernel for an ``attention`` param (``gather:torch``: torch ops)."""
+    return attention.partition(":")[2] or "auto"
+
+
+def test_engine_built_from_config_loads_sizes_and_matches(loaded, prompts, alone, attention):
     from chatfleet.engine.runner.torch_runner import kv_bytes_per_token
 
     dtype = str(loaded.dtype).removeprefix("torch.")
     per_token = kv_bytes_per_token(loaded.config, dtype)
-    config = EngineConfig(model="tiny", num_threads=1, dtype=dtype,
+    config = EngineConfig(model="tiny", num_threads=1, dtype=dtype, decode_kernel=_decode_kernel(attention),
                           cache=CacheConfig(block_size=BS, memory_bytes=per_token * BS * 40))
     engine = Engine(config)
     assert engine.kv.num_blocks == 40 and engine.max_model_len == 40 * BS  # capped by the pool
@@ -187,12 +195,13 @@ def test_engine_built_from_config_loads_sizes_and_matches(loaded, prompts, alone
     assert run(engine, {"r1": prompts[1]}) == {"r1": alone["r1"]}
 
 
-def test_host_cache_memory_sizes_the_host_pool_from_the_kv_spec(loaded, prompts, alone):
+def test_host_cache_memory_sizes_the_host_pool_from_the_kv_spec(loaded, prompts, alone, attention):
     from chatfleet.engine.runner.torch_runner import kv_bytes_per_token
 
     dtype = str(loaded.dtype).removeprefix("torch.")
     per_token = kv_bytes_per_token(loaded.config, dtype)
     cache = CacheConfig(block_size=BS, num_tokens=40 * BS, host_memory_bytes=per_token * BS * 24)
-    engine = Engine(EngineConfig(model="tiny", num_threads=1, dtype=dtype, cache=cache))
+    engine = Engine(EngineConfig(model="tiny", num_threads=1, dtype=dtype, cache=cache,
+                                 decode_kernel=_decode_kernel(attention)))
     assert engine.kv.host_pool.num_blocks == 24 and engine.runner.num_host_blocks == 24
     assert run(engine, {"r2": prompts[2]}) == {"r2": alone["r2"]}

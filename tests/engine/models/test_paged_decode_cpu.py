@@ -33,7 +33,8 @@ def case(dtype, batch, num_heads, num_kv_heads, head_dim, lens, block_size=16, s
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(8, 2, 64), (4, 4, 128), (16, 2, 64), (8, 1, 256)])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"),
+                         [(8, 2, 64), (4, 4, 128), (16, 2, 64), (8, 1, 256), (4, 2, 48)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_the_reference(dtype, num_heads, num_kv_heads, head_dim, threads):
     lens = [1, 15, 16, 17, 500, 33, 160, 7]
@@ -72,7 +73,8 @@ def test_supports_only_what_it_implements():
     assert pdc.supports(torch.zeros(1, 8, 64), key)
     assert not pdc.supports(torch.zeros(1, 8, 64, dtype=torch.float16), key.half())  # dtype
     assert not pdc.supports(torch.zeros(1, 8, 64, dtype=torch.bfloat16), key)  # cache of another dtype
-    assert not pdc.supports(torch.zeros(1, 8, 96), torch.zeros(2, 4, 16, 96))  # head dim
+    assert pdc.supports(torch.zeros(1, 8, 48), torch.zeros(2, 4, 16, 48))  # any head dim up to 512
+    assert not pdc.supports(torch.zeros(1, 8, 576), torch.zeros(2, 4, 16, 576))
     assert not pdc.supports(torch.zeros(1, 32, 64), key)  # 16 query heads per kv head
 
 
@@ -81,3 +83,11 @@ def test_the_build_is_cached_by_source_compiler_and_cpu():
     assert cxx is not None
     first = pdc._build(cxx)
     assert first.exists() and pdc._build(cxx) == first
+
+
+def test_loading_the_kernel_leaves_subnormals_alone():
+    """Linked without -ffast-math: no crtfastmath.o setting flush-to-zero for the whole process."""
+    assert pdc.available()
+    tiny = 5e-324  # the smallest subnormal double
+    assert tiny * 1.0 > 0.0
+    assert torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() > 0.0

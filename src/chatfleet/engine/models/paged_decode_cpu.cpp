@@ -5,6 +5,7 @@
 // q, out: [batch, num_heads, head_dim] in the same dtype; block_tables: [batch, table_width]
 // int64; context_lens: [batch] int64. Query heads h * group .. h * group + group - 1 share kv
 // head h. Scores, softmax and the weighted sum of V are float32; out is rounded once.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -72,15 +73,21 @@ inline void prefetch_block(const T* p, int64_t n) {
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
 }
 
+constexpr int MAX_HEAD_DIM = 512;
+
+// D: the head dim as a compile-time constant (64, 128, 256: the inner loops unroll), or 0 for
+// any other head dim up to MAX_HEAD_DIM, read from `head_dim`.
 template <typename T, int D>
 void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t* table, int64_t ctx,
-                int group, int64_t head_offset, int block_size, float scale, std::vector<float>& scores) {
-  const int d = D;
+                int group, int64_t head_offset, int block_size, float scale, std::vector<float>& scores,
+                int head_dim) {
+  constexpr int N = D ? D : MAX_HEAD_DIM;
+  const int d = D ? D : head_dim;
   const int G = group;
   scores.resize(static_cast<size_t>(G) * ctx);
-  float qf[8][D];
-  float acc[8][D];
-  float row[D];
+  float qf[8][N];
+  float acc[8][N];
+  float row[N];
   for (int g = 0; g < G; ++g) {
     load_row<T>(q + static_cast<int64_t>(g) * d, qf[g], d);
     for (int i = 0; i < d; ++i) qf[g][i] *= scale;
@@ -96,7 +103,7 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
       const float* k = as_float<T>(kb + static_cast<int64_t>(o) * d, row, d);
       for (int g = 0; g < G; ++g) {
         float s = 0.f;
-        for (int i = 0; i < D; ++i) s += qf[g][i] * k[i];
+        for (int i = 0; i < d; ++i) s += qf[g][i] * k[i];
         scores[static_cast<size_t>(g) * ctx + t0 + o] = s;
       }
     }
@@ -104,7 +111,7 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
   float inv_sum[8];
   for (int g = 0; g < G; ++g) {
     float* s = scores.data() + static_cast<size_t>(g) * ctx;
-    float m = -INFINITY;
+    float m = -FLT_MAX;  // scores are finite (-ffast-math assumes no infinities)
     for (int64_t t = 0; t < ctx; ++t) m = s[t] > m ? s[t] : m;
     float sum = 0.f;
     for (int64_t t = 0; t < ctx; ++t) {
@@ -124,7 +131,7 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
       const float* v = as_float<T>(vb + static_cast<int64_t>(o) * d, row, d);
       for (int g = 0; g < G; ++g) {
         const float p = scores[static_cast<size_t>(g) * ctx + t0 + o];
-        for (int i = 0; i < D; ++i) acc[g][i] += p * v[i];
+        for (int i = 0; i < d; ++i) acc[g][i] += p * v[i];
       }
     }
   }
@@ -134,7 +141,8 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
 template <typename T, int D>
 void run(const T* q, const T* key, const T* value, T* out, const int64_t* block_tables,
          const int64_t* context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
-         int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int threads) {
+         int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t head_dim, float scale,
+         int threads) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t items = batch * num_kv_heads;
 #pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
@@ -143,10 +151,10 @@ void run(const T* q, const T* key, const T* value, T* out, const int64_t* block_
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / num_kv_heads, h = item % num_kv_heads;
-      const int64_t qoff = (b * num_heads + h * group) * D;
+      const int64_t qoff = (b * num_heads + h * group) * head_dim;
       attend_one<T, D>(q + qoff, key, value, out + qoff, block_tables + b * table_width, context_lens[b],
                        static_cast<int>(group), h * num_blocks * block_size, static_cast<int>(block_size),
-                       scale, scores);
+                       scale, scores, static_cast<int>(head_dim));
     }
   }
 }
@@ -156,10 +164,13 @@ int dispatch(const T* q, const T* key, const T* value, T* out, const int64_t* bt
              int64_t batch, int64_t nh, int64_t nkv, int64_t nb, int64_t bs, int64_t tw, int64_t d,
              float scale, int threads) {
   switch (d) {
-    case 64: run<T, 64>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
-    case 128: run<T, 128>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
-    case 256: run<T, 256>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, scale, threads); return 0;
-    default: return 1;
+    case 64: run<T, 64>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
+    case 128: run<T, 128>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
+    case 256: run<T, 256>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
+    default:
+      if (d < 1 || d > MAX_HEAD_DIM) return 1;
+      run<T, 0>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads);
+      return 0;
   }
 }
 

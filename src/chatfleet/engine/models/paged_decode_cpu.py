@@ -17,7 +17,7 @@ caller keeps the torch-op path (``available()`` is False; one log line says why)
 
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
 dtype, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid entries per row),
-context_lens [B] int64 (each >= 1, counting the new token); Hq / Hkv <= 8; D in 64, 128, 256.
+context_lens [B] int64 (each >= 1, counting the new token); Hq / Hkv <= 8; D <= 512.
 """
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
-HEAD_DIMS = (64, 128, 256)
+MAX_HEAD_DIM = 512  # 64, 128 and 256 are compiled with the head dim fixed; others up to this read it
 MAX_GROUP = 8
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+# Compiled with -ffast-math (vectorized expf from libmvec, reassociated sums) but linked without
+# it: linking with -ffast-math adds crtfastmath.o, which sets flush-to-zero for the whole process
+# when the library loads (subnormals would vanish in every other computation).
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
+LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 
 _lock = threading.Lock()
@@ -69,7 +73,8 @@ def _compiler() -> str | None:
 
 def _build(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join((SOURCE.read_text(), cxx, version, " ".join(FLAGS), _cpu_signature()))
+    digest = hashlib.sha256("\n".join((SOURCE.read_text(), cxx, version, " ".join(FLAGS + LINK_FLAGS),
+                                       _cpu_signature()))
                             .encode()).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode_cpu-{digest}.so"
     if target.exists():
@@ -77,14 +82,17 @@ def _build(cxx: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
+    obj = tmp[: -len(".so")] + ".o"
     try:
-        proc = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if proc.returncode:
-            raise OSError(f"{cxx} failed: {proc.stderr.strip()[-500:]}")
+        for argv in ([cxx, *FLAGS, "-c", "-o", obj, str(SOURCE)], [cxx, *LINK_FLAGS, "-o", tmp, obj]):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            if proc.returncode:
+                raise OSError(f"{cxx} failed: {proc.stderr.strip()[-500:]}")
         os.replace(tmp, target)  # atomic: concurrent builders agree on the result
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in (tmp, obj):
+            if os.path.exists(path):
+                os.unlink(path)
     return target
 
 
@@ -122,7 +130,7 @@ def supports(q: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether the kernel takes these shapes and dtypes (the caller falls back otherwise)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = key.shape[0]
-    return (q.device.type == "cpu" and q.dtype in DTYPES and key.dtype == q.dtype and head_dim in HEAD_DIMS
+    return (q.device.type == "cpu" and q.dtype in DTYPES and key.dtype == q.dtype and head_dim <= MAX_HEAD_DIM
             and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP)
 
 

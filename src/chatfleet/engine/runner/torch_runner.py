@@ -24,7 +24,7 @@ from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
 from chatfleet.engine.models.paged_decode_cpu import DTYPES as DECODE_KERNEL_DTYPES
-from chatfleet.engine.models.paged_decode_cpu import HEAD_DIMS, MAX_GROUP
+from chatfleet.engine.models.paged_decode_cpu import MAX_GROUP, MAX_HEAD_DIM
 from chatfleet.engine.models.paged_decode_cpu import available as decode_kernel_available
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
@@ -78,12 +78,12 @@ def resolve_decode_kernel(requested: str, device: torch.device, dtype: torch.dty
     if requested == "torch":
         return "torch"
     fits = (device.type == "cpu" and dtype in DECODE_KERNEL_DTYPES and kv_dtype == dtype
-            and head_dims <= set(HEAD_DIMS) and max(groups, default=1) <= MAX_GROUP)
+            and max(head_dims, default=0) <= MAX_HEAD_DIM and max(groups, default=1) <= MAX_GROUP)
     if fits and decode_kernel_available():
         return "cpp"
     if requested == "cpp":
         why = "no C++ compiler or a failed build" if fits else (
-            f"it needs a CPU, float32/bfloat16 model and cache of one dtype, head dims in {HEAD_DIMS} and "
+            f"it needs a CPU, float32/bfloat16 model and cache of one dtype, head dims up to {MAX_HEAD_DIM} and "
             f"at most {MAX_GROUP} query heads per kv head; got {device.type}, {dtype}, cache {kv_dtype}, "
             f"head dims {sorted(head_dims)}, groups {sorted(groups)}")
         raise ValueError(f"the cpp decode kernel cannot run here: {why}")
