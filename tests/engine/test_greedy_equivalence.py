@@ -14,8 +14,8 @@ import torch
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from chatfleet.engine.engine import Engine
-from chatfleet.engine.models.dtype import native_bf16
 from chatfleet.engine.models import paged_decode_cpu
+from chatfleet.engine.models.dtype import native_bf16
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
