@@ -13,7 +13,8 @@ use (about a second, ``-O3 -march=native``, OpenMP over (sequence, kv head) when
 than one thread), cached by a hash of its source, compiler and CPU under
 ``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes:
 no torch headers, so no extension build. Where no compiler is found or the build fails, the
-caller keeps the torch-op path (``available()`` is False; one log line says why).
+caller keeps the torch-op path (``available()`` is False; one log line says why);
+``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
 
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
 dtype, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid entries per row),
