@@ -3,6 +3,7 @@ back (the engine's step loop, after each kernel) waits at most that long behind 
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ def restore_interval():
     before = sys.getswitchinterval()
     yield
     sys.setswitchinterval(before)
+    gc.unfreeze()
 
 
 def test_the_interval_is_shortened_never_lengthened(restore_interval):
@@ -28,20 +30,27 @@ def test_the_interval_is_shortened_never_lengthened(restore_interval):
         shorten_switch_interval(0)
 
 
-def test_engine_and_gateway_serve_with_the_short_interval(restore_interval, monkeypatch):
+def test_engine_and_gateway_serve_with_the_short_interval_and_start_up_frozen(restore_interval, monkeypatch):
     import chatfleet.engine.api.server as engine_server
     import chatfleet.gateway.app as gateway_app
     from chatfleet.gateway.config import GatewayConfig, ReplicaSpec
 
     seen: dict[str, float] = {}
+    frozen: list[int] = []
+
+    def served(name: str):
+        return lambda app, **kw: (seen.update({name: sys.getswitchinterval()}), frozen.append(gc.get_freeze_count()))
+
     sys.setswitchinterval(0.005)
     monkeypatch.setattr(engine_server, "build_engine", lambda config: type("E", (), {"model_name": "m"})())
     monkeypatch.setattr(engine_server, "build_app", lambda engine, **kw: object())
-    monkeypatch.setattr(engine_server.uvicorn, "run", lambda app, **kw: seen.update(engine=sys.getswitchinterval()))
+    monkeypatch.setattr(engine_server.uvicorn, "run", served("engine"))
     engine_server.run_server(type("C", (), {"model": "m"})())  # type: ignore[arg-type]
+    gc.unfreeze()
     sys.setswitchinterval(0.005)
     monkeypatch.setattr(gateway_app, "configure_json_logging", lambda level: None)
-    monkeypatch.setattr(gateway_app.uvicorn, "run", lambda app, **kw: seen.update(gateway=sys.getswitchinterval()))
+    monkeypatch.setattr(gateway_app.uvicorn, "run", served("gateway"))
     gateway_app.run_gateway(GatewayConfig(replicas=(ReplicaSpec("http://127.0.0.1:9"),)))
     short = pytest.approx(SERVER_SWITCH_INTERVAL_S)
     assert seen == {"engine": short, "gateway": short}
+    assert len(frozen) == 2 and all(frozen)  # what they hold at start-up is out of the GC's passes

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-SERVER_SWITCH_INTERVAL_S = 0.0005
+SERVER_SWITCH_INTERVAL_S = 0.0001
 
 
 def shorten_switch_interval(seconds: float = SERVER_SWITCH_INTERVAL_S) -> float:
