@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -306,3 +307,49 @@ def test_client_leaving_before_the_first_token_reaches_the_replica(fakes, gatewa
         client.post("/v1/chat/completions", json=chat_body(stream=True), timeout=0.5)
     wait_for(lambda: fake.replica.stats.disconnected == 1, what="replica to see the client leave")
     wait_for(lambda: gw.gateway.admission.in_flight(fake.url) == 0, what="slot release")
+
+
+def test_paced_pieces_cover_the_body_and_spend_the_budget():
+    from chatfleet.gateway.proxy import paced_pieces
+    from chatfleet.protocol.read_pacing import ReadPacer
+
+    class Recording(ReadPacer):
+        def __init__(self):
+            super().__init__(1 << 40)
+            self.taken: list[int] = []
+
+        async def take(self, n: int) -> None:
+            self.taken.append(n)
+
+    async def collect(body: bytes, pacer: Recording) -> list[bytes]:
+        return [piece async for piece in paced_pieces(body, pacer, piece=1000)]
+
+    body = bytes(range(256)) * 10  # 2560 bytes
+    pacer = Recording()
+    pieces = asyncio.run(collect(body, pacer))
+    assert b"".join(pieces) == body and [len(p) for p in pieces] == [1000, 1000, 560]
+    assert pacer.taken == [1000, 1000, 560]  # each piece waits for its share before it goes
+
+
+def test_a_large_body_reaches_the_replica_whole_with_its_length_even_on_a_retry(fakes, gateways):
+    """Large bodies go upstream in paced pieces with a declared length (not chunked): the replica
+    reads the very body the client sent, and a retry on another replica sends it whole again."""
+    (fake,) = fakes(1)
+    dead = dead_url()
+    gw = gateways([dead, fake.url], health_interval_s=60, body_offload_bytes=256 << 10)
+    state = gw.gateway.replicas[dead]
+    state.healthy, state.consecutive_failures = True, 0  # as if it died after the last check
+    sent = []
+    with gw.client(timeout=30.0) as client:
+        for s in range(16):  # some sessions land on the dead replica first (all 16 miss it: 2^-16)
+            body = chat_body("word " * 60_000 + str(s), max_tokens=2)
+            raw = json.dumps(body).encode()
+            sent.append((raw, body))
+            r = client.post("/v1/chat/completions", content=raw, headers={
+                "X-Session-ID": f"s{s}", "content-type": "application/json"})
+            assert r.status_code == 200 and r.headers["x-chatfleet-replica"] == fake.url
+    assert gw.gateway.replicas[dead].stats.retried >= 1
+    seen = [req for req in fake.replica.stats.requests if req["path"] == "/v1/chat/completions"]
+    assert [req["body"] for req in seen] == [body for _, body in sent]
+    for req, (raw, _) in zip(seen, sent, strict=True):
+        assert req["headers"]["content-length"] == str(len(raw)) and "transfer-encoding" not in req["headers"]

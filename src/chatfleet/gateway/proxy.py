@@ -11,6 +11,11 @@ with an SSE error event and a clean close. Every request ends with a reply or an
 
 A call runs against a ``ProxyContext``: the parts of the gateway it reads and updates
 (``service.Gateway`` is one). The proxy knows those parts, not the gateway that owns them.
+
+A large body (``read_pacing.LARGE_BODY_BYTES`` or more) goes to the replica in pieces of
+``FORWARD_PIECE_BYTES`` that spend the same byte budget as the gateway's reads
+(``paced_pieces``), with its length declared: one write of several MB held the event loop, and
+every stream it relays, for the kernel's copy of all of it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,12 +40,22 @@ from chatfleet.gateway.replicas import ReplicaSet
 from chatfleet.gateway.routing import Affinity, RoutingDecision, RoutingPolicy
 from chatfleet.gateway.session import SessionKey
 from chatfleet.protocol.errors import error_event, error_response, to_chatfleet_error
+from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 from chatfleet.protocol.sse import DONE, EventFramer
 
 log = logging.getLogger("chatfleet.gateway")
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)  # read timeouts raise TimeoutError subclasses
 PASS_HEADERS = ("content-type", "content-encoding")
+FORWARD_PIECE_BYTES = 256 << 10
+
+
+async def paced_pieces(body: bytes, pacer: ReadPacer, piece: int = FORWARD_PIECE_BYTES) -> AsyncIterator[bytes]:
+    """``body`` in pieces of ``piece`` bytes, each sent once ``pacer`` has budget for it."""
+    for start in range(0, len(body), piece):
+        part = body[start:start + piece]
+        await pacer.take(len(part))
+        yield part
 
 
 class ProxyContext(Protocol):
@@ -54,6 +69,7 @@ class ProxyContext(Protocol):
     metrics: GatewayMetrics
     conversations: Conversations  # in progress: this gateway's memory, shared through Redis if set
     sessions: dict[str, aiohttp.ClientSession]  # one upstream client per replica URL
+    pacer: ReadPacer  # the byte budget large bodies' reads and forwards spend
 
 
 @dataclass(frozen=True)
@@ -216,8 +232,7 @@ class ProxyResponse:
         """Send to ``url``: a failure, or a response ready to pass on."""
         for last_try in (False, True):
             try:
-                response = await self.gw.sessions[url].post(url + self.call.path, data=self.call.body,
-                                                            headers=self.call.headers)
+                response = await self.gw.sessions[url].post(url + self.call.path, **self._body())
                 break
             except UPSTREAM_ERRORS as exc:
                 if not last_try and _stale_connection(exc):
@@ -247,6 +262,15 @@ class ProxyResponse:
             response.close()
             return _Failure(f"{url} closed the stream before its first event", replica_fault=True)
         return _Started(response, chunks, first, whole)
+
+    def _body(self) -> dict[str, Any]:
+        """The upstream request's body and headers: a large body in paced pieces (a fresh
+        iterator for each attempt), its length declared so that the replica reads it as sent."""
+        body = self.call.body
+        if len(body) < LARGE_BODY_BYTES:
+            return {"data": body, "headers": self.call.headers}
+        return {"data": paced_pieces(body, self.gw.pacer),
+                "headers": {**self.call.headers, "content-length": str(len(body))}}
 
     async def _respond(self, send: Any, url: str, started: _Started) -> None:
         response, gw = started.response, self.gw
