@@ -22,6 +22,8 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     assert doc["kind"] == "demo" and set(doc["series"]) == {"stock", "tuned"}
     # The machine it ran on, and the ratio with its range or, plainly, why there is none.
     assert "machine: " in r.output and doc["machine"]["cpu_model"] and doc["machine"]["logical_cpus"] >= 1
+    # The code it measured: this checkout's commit (and the tracked files changed beside it).
+    assert doc["code"]["commit"] and f"code at {doc['code']['commit']}" in r.output
     ratio = doc["ratio"]
     if doc["series"]["stock"]["knee"] and doc["series"]["tuned"]["knee"]:
         t = ratio["tuned_over_stock"]

@@ -40,7 +40,15 @@ from chatfleet.bench.dists import with_mean
 from chatfleet.bench.fleet import FleetPlan, plan_fleet
 from chatfleet.bench.knee import KneeBracket, KneeRatio, bracket_ratio, knee_bracket, knee_spread
 from chatfleet.bench.loops import LoadSpec
-from chatfleet.bench.machine import DISTURBED_SHARE, CpuUse, CpuWatch, MachineInfo, machine_info
+from chatfleet.bench.machine import (
+    DISTURBED_SHARE,
+    CpuUse,
+    CpuWatch,
+    MachineInfo,
+    code_version,
+    describe_code,
+    machine_info,
+)
 from chatfleet.bench.point_sizing import PointSizing, values_needed_for
 from chatfleet.bench.report import result_document, sweep_to_dict, write_html, write_json
 from chatfleet.bench.servers import SeriesSpec, start_server
@@ -205,6 +213,8 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
     series = demo_series(cfg, path)
     machine = machine_info()
     con.print(f"machine: {machine.describe()}", highlight=False)
+    code = code_version()
+    con.print(describe_code(code), highlight=False)
     con.print(f"model [bold]{cfg.model}[/] at {path}; workload {cfg.describe_profile()}; SLO {cfg.slo}")
     con.print(f"device KV budget for every series: [bold]{cfg.kv_cache_tokens:,} tokens[/] "
               f"({budget / 2**20:.1f} MiB at float32); {cfg.repeats} repeats per load point")
@@ -254,6 +264,7 @@ def run_demo(cfg: DemoConfig, con: Console | None = None) -> DemoResult:
                            "machine": {**machine.to_dict(), "load_average_after": list(machine_after.load_average),
                                        "other_work": {n: u.to_dict() for n, u in other_work.items()},
                                        "disturbed": disturbed, "disturbed_above_share": DISTURBED_SHARE},
+                           "code": code,
                            "knees": verdicts, "ratio": _ratio_dict(ratio, sweeps), "seconds": secs})
     jp = write_json(doc, cfg.out_dir / "result.json")
     hp = write_html(doc, cfg.out_dir / "report.html")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -203,3 +204,29 @@ class CpuWatch:
         others_nice = min(others, max(0.0, nice1 - nice0 - ours_nice))
         return CpuUse(secs, cpus, ours / tick, others / tick, others_nice / tick,
                       max(0.0, steal1 - steal0) / tick)
+
+
+def code_version(repo: Path | None = None) -> dict:
+    """The commit the measured code is at, and the tracked files changed beside it (None where
+    ``repo`` is not a git checkout or git is missing): a demo compares engines only at one commit."""
+    repo = repo or Path(__file__).resolve().parents[3]
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout if r.returncode == 0 else None
+
+    head = git("rev-parse", "--short=12", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    changed = None if status is None else sorted(line[3:] for line in status.splitlines() if line.strip())
+    return {"commit": head.strip() if head else None, "changed_files": changed}
+
+
+def describe_code(version: dict) -> str:
+    if not version.get("commit"):
+        return "code: not a git checkout"
+    changed = version.get("changed_files") or []
+    return f"code at {version['commit']}" + (f" with {len(changed)} tracked files changed beside it" if changed
+                                            else ", no tracked file changed")
