@@ -144,7 +144,8 @@ class ResponseFormat(_Wire):
 
     model_config = ConfigDict(json_schema_extra={"allOf": [{  # the rule _schema enforces
         "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-        "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}}}]})
+        "then": {"required": ["json_schema"], "properties": {"json_schema": {
+            "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}}}}}}]})
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None

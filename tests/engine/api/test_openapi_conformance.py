@@ -38,9 +38,11 @@ def server():
 
 def unstatable(error: dict) -> bool:
     """The rules a JSON schema cannot state: the prompt's tokens (plus max_tokens) fit the context;
-    min_tokens <= max_tokens; a named tool_choice names one of the tools (one value against another)."""
+    min_tokens <= max_tokens; a named tool_choice names one of the tools; prompts times n at most
+    fanout.MAX_CHOICES (one value against another)."""
     message = error.get("message", "")
     return error.get("code") == "context_length_exceeded" or (
+        error.get("param") == "n" and "choices (prompts times n)" in message) or (
         error.get("param") == "min_tokens" and "max_tokens" in message) or (
         error.get("param") == "tool_choice" and "not among the request's tools" in message)
 

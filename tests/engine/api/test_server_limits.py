@@ -20,6 +20,7 @@ from chatfleet.loopback import ServerThread
 from chatfleet.protocol.sse import iter_sse
 
 SERVER_OPTIONS = {}
+STALL_FLOOR_S = 0.5
 MSG = [{"role": "user", "content": "tell me a story"}]
 
 
@@ -81,7 +82,9 @@ def test_a_running_stream_keeps_its_pace_while_a_10_mb_request_is_refused(server
     before = [g for a, g in zip(arrivals, gaps, strict=False) if a < big["t0"]]  # gaps: one fewer
     during = [g for a, g in zip(arrivals, gaps, strict=False) if big["t0"] <= a + g and a <= big["t1"]]
     assert before and during
-    bound = 20 * statistics.median(before) + max(before)
+    # The failure this catches is seconds long; the floor keeps a loaded machine's scheduling
+    # hiccups (a busy neighbour on 2 cores once took the relative bound) from reading as one.
+    bound = max(STALL_FLOOR_S, 20 * statistics.median(before) + max(before))
     assert max(during) <= bound, (max(during), bound)
     assert httpx.get(server.url + "/health").status_code == 200
 
