@@ -41,22 +41,6 @@ inline void load_row<uint16_t>(const uint16_t* src, float* dst, int d) {
   for (int i = 0; i < d; ++i) dst[i] = bf16_to_float(src[i]);
 }
 
-// A row as float32: float32 rows are read where they are; bf16 rows are widened into `tmp`.
-template <typename T>
-inline const float* as_float(const T* src, float* tmp, int d);
-
-template <>
-inline const float* as_float<float>(const float* src, float* tmp, int d) {
-  load_row<float>(src, tmp, d);  // a copy into the stack row: the loops below then vectorize freely
-  return tmp;
-}
-
-template <>
-inline const float* as_float<uint16_t>(const uint16_t* src, float* tmp, int d) {
-  load_row<uint16_t>(src, tmp, d);
-  return tmp;
-}
-
 inline void store_row(const float* src, float* dst, int d, float s) {
   for (int i = 0; i < d; ++i) dst[i] = src[i] * s;
 }
@@ -71,6 +55,25 @@ template <typename T>
 inline void prefetch_block(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+}
+
+// Calls f(t, row) for positions t = 0 .. ctx - 1 of one kv head, block by block through `table`,
+// each row read once in place and widened to float32 in `row` (a stack copy: the callers' loops
+// then vectorize freely), the next block prefetched.
+template <typename T, typename F>
+inline void for_each_row(const T* cache, const int64_t* table, int64_t ctx, int64_t head_offset, int block_size,
+                         int d, float* row, F&& f) {
+  const int64_t nblk = (ctx + block_size - 1) / block_size;
+  for (int64_t bi = 0; bi < nblk; ++bi) {
+    const T* blk = cache + (head_offset + table[bi] * block_size) * d;
+    if (bi + 1 < nblk) prefetch_block(cache + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
+    const int64_t t0 = bi * block_size;
+    const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
+    for (int o = 0; o < n; ++o) {
+      load_row<T>(blk + static_cast<int64_t>(o) * d, row, d);
+      f(t0 + o, static_cast<const float*>(row));
+    }
+  }
 }
 
 constexpr int MAX_HEAD_DIM = 512;
@@ -93,21 +96,13 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
     for (int i = 0; i < d; ++i) qf[g][i] *= scale;
   }
   // Scores: every key row read once (block by block, in place), dotted with the group's query heads.
-  const int64_t nblk = (ctx + block_size - 1) / block_size;
-  for (int64_t bi = 0; bi < nblk; ++bi) {
-    const T* kb = key + (head_offset + table[bi] * block_size) * d;
-    if (bi + 1 < nblk) prefetch_block(key + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
-    const int64_t t0 = bi * block_size;
-    const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
-    for (int o = 0; o < n; ++o) {
-      const float* k = as_float<T>(kb + static_cast<int64_t>(o) * d, row, d);
-      for (int g = 0; g < G; ++g) {
-        float s = 0.f;
-        for (int i = 0; i < d; ++i) s += qf[g][i] * k[i];
-        scores[static_cast<size_t>(g) * ctx + t0 + o] = s;
-      }
+  for_each_row(key, table, ctx, head_offset, block_size, d, row, [&](int64_t t, const float* k) {
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int i = 0; i < d; ++i) s += qf[g][i] * k[i];
+      scores[static_cast<size_t>(g) * ctx + t] = s;
     }
-  }
+  });
   float inv_sum[8];
   for (int g = 0; g < G; ++g) {
     float* s = scores.data() + static_cast<size_t>(g) * ctx;
@@ -122,19 +117,12 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
     for (int i = 0; i < d; ++i) acc[g][i] = 0.f;
   }
   // Weighted sum of V: every value row read once.
-  for (int64_t bi = 0; bi < nblk; ++bi) {
-    const T* vb = value + (head_offset + table[bi] * block_size) * d;
-    if (bi + 1 < nblk) prefetch_block(value + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
-    const int64_t t0 = bi * block_size;
-    const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
-    for (int o = 0; o < n; ++o) {
-      const float* v = as_float<T>(vb + static_cast<int64_t>(o) * d, row, d);
-      for (int g = 0; g < G; ++g) {
-        const float p = scores[static_cast<size_t>(g) * ctx + t0 + o];
-        for (int i = 0; i < d; ++i) acc[g][i] += p * v[i];
-      }
+  for_each_row(value, table, ctx, head_offset, block_size, d, row, [&](int64_t t, const float* v) {
+    for (int g = 0; g < G; ++g) {
+      const float p = scores[static_cast<size_t>(g) * ctx + t];
+      for (int i = 0; i < d; ++i) acc[g][i] += p * v[i];
     }
-  }
+  });
   for (int g = 0; g < G; ++g) store_row(acc[g], out + static_cast<int64_t>(g) * d, d, inv_sum[g]);
 }
 

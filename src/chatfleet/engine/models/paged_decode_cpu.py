@@ -127,12 +127,18 @@ def available() -> bool:
     return _load() is not None
 
 
+def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
+    """Whether the kernel takes a model of this shape: a CPU, float32 or bfloat16 queries over a
+    cache of the same dtype, head dims up to MAX_HEAD_DIM, ``group`` (query heads per kv head) at
+    most MAX_GROUP."""
+    return (device.type == "cpu" and dtype in DTYPES and kv_dtype == dtype and head_dim <= MAX_HEAD_DIM
+            and group <= MAX_GROUP)
+
+
 def supports(q: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether the kernel takes these shapes and dtypes (the caller falls back otherwise)."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = key.shape[0]
-    return (q.device.type == "cpu" and q.dtype in DTYPES and key.dtype == q.dtype and head_dim <= MAX_HEAD_DIM
-            and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP)
+    num_heads, num_kv_heads = q.shape[1], key.shape[0]
+    return num_heads % num_kv_heads == 0 and fits(q.device, q.dtype, key.dtype, q.shape[2], num_heads // num_kv_heads)
 
 
 def paged_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_tables: torch.Tensor,

@@ -23,9 +23,9 @@ from chatfleet.engine.models.fp8_model import use_block_gemm
 from chatfleet.engine.models.kv_cache import FP8
 from chatfleet.engine.models.kv_calibration import measure_kv_scales
 from chatfleet.engine.models.kv_scales import MISSING_SCALES_WARNING, KVScales
-from chatfleet.engine.models.paged_decode_cpu import DTYPES as DECODE_KERNEL_DTYPES
 from chatfleet.engine.models.paged_decode_cpu import MAX_GROUP, MAX_HEAD_DIM
 from chatfleet.engine.models.paged_decode_cpu import available as decode_kernel_available
+from chatfleet.engine.models.paged_decode_cpu import fits as decode_kernel_fits
 from chatfleet.engine.models.qwen3 import Qwen3Config
 from chatfleet.engine.outputs import (
     NO_TRANSFERS,
@@ -77,8 +77,8 @@ def resolve_decode_kernel(requested: str, device: torch.device, dtype: torch.dty
         raise ValueError(f"unknown decode kernel {requested!r}; valid: {', '.join(DECODE_KERNELS)}")
     if requested == "torch":
         return "torch"
-    fits = (device.type == "cpu" and dtype in DECODE_KERNEL_DTYPES and kv_dtype == dtype
-            and max(head_dims, default=0) <= MAX_HEAD_DIM and max(groups, default=1) <= MAX_GROUP)
+    fits = all(decode_kernel_fits(device, dtype, kv_dtype, head_dim, group)
+               for head_dim in head_dims or {0} for group in groups or {1})
     if fits and decode_kernel_available():
         return "cpp"
     if requested == "cpp":
