@@ -128,8 +128,10 @@ class BodyInspector:
             if self._pool is None:  # forkserver: never fork a process that runs threads
                 pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
                                            initializer=lower_cpu_priority)
-                for _ in range(self.workers):
-                    pool.submit(int).result()  # starts a worker and waits for it to run
+                # Submitted together, each task finds no idle worker and starts one; then wait for all
+                # (one at a time, every task after the first would reuse the first idle worker).
+                for started in [pool.submit(int) for _ in range(self.workers)]:
+                    started.result()
                 self._pool = pool
             return self._pool
 
