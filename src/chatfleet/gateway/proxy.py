@@ -14,8 +14,10 @@ A call runs against a ``ProxyContext``: the parts of the gateway it reads and up
 
 A large body (``read_pacing.LARGE_BODY_BYTES`` or more) goes to the replica in pieces of
 ``FORWARD_PIECE_BYTES`` that spend the same byte budget as the gateway's reads
-(``paced_pieces``), with its length declared: one write of several MB held the event loop, and
-every stream it relays, for the kernel's copy of all of it.
+(``paced_pieces``), with its length declared, so that a burst of large bodies reaches the
+replica at the rate the gateway reads them. It was added against the gateway's stalls under
+hostile bodies and measured no gain there (one 7.8 MB write costs ~0.05 ms on uvloop: the loop
+keeps what the socket does not take); see benchmarks/README.md, hostile_bodies.
 """
 
 from __future__ import annotations
