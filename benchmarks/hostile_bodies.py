@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from backends import BACKENDS  # noqa: E402
 from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
-from common import RESULTS_DIR, ServerProcess  # noqa: E402
+from common import RESULTS_DIR, ServerProcess, load_average  # noqa: E402
+from machine import describe_machine  # noqa: E402
 
 STREAM_TOKENS = 20_000  # read until the case is over (the stream is closed then)
 WARM_TOKENS = 30
@@ -251,7 +252,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     out: dict = {"model": args.model, "threads": args.threads, "repeats": args.repeats,
                  "sender_nice": args.sender_nice,
-                 "load_average_before": os.getloadavg()}
+                 "machine": describe_machine(args.threads), "load_average_before": load_average()}
     with ServerProcess("engine", spec.argv, 8970, spec.env, logs / "hostile_engine.log") as engine:
         engine.wait_healthy()
         via = [v.strip() for v in args.via.split(",")]
@@ -263,7 +264,7 @@ def main() -> None:
             with ServerProcess("gateway", argv, 8971, {}, logs / "hostile_gateway.log") as gw:
                 gw.wait_healthy()
                 out["gateway"] = run_target(gw.base_url, spec.request_model, "gateway", args.repeats, args.sender_nice)
-    out["load_average_after"] = os.getloadavg()
+    out["load_average_after"] = load_average()
     print(f"load average before {out['load_average_before']}, after {out['load_average_after']}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / (args.out or "hostile_bodies.json")).write_text(json.dumps(out, indent=2))
