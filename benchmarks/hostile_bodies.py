@@ -203,16 +203,17 @@ class Measurer:
                 proc.kill()
 
 
-def run_target(url: str, model: str, label: str, repeats: int, sender_nice: int) -> dict:
+def run_target(url: str, model: str, label: str, repeats: int, sender_nice: int,
+               cases: tuple[str, ...] = tuple(SCENARIOS)) -> dict:
     """Each case ``repeats`` times, each hostile run followed by a run of the stream alone for as
     long as the hostile window lasted (the largest of more gaps is larger: the two compare only
     over equal spans); the ratio is of the medians over the repeats."""
     m = Measurer(url, model, sender_nice)
     try:
         m.alone(1.0)  # warm the server and the clients
-        runs: dict[str, list[tuple[dict, dict]]] = {name: [] for name in SCENARIOS}
+        runs: dict[str, list[tuple[dict, dict]]] = {name: [] for name in cases}
         for _ in range(repeats):
-            for name in SCENARIOS:
+            for name in cases:
                 hostile = m.hostile(name)
                 runs[name].append((hostile, m.alone(hostile["window_s"])))
     finally:
@@ -244,26 +245,30 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each case (the median is reported)")
     ap.add_argument("--sender-nice", type=int, default=0,
                     help="niceness of the hostile client's process (10: as if on another machine)")
+    ap.add_argument("--cases", default=",".join(SCENARIOS), help="which cases, comma-separated")
     ap.add_argument("--out", default="", help="results file name under benchmarks/results")
     args = ap.parse_args()
+    cases = tuple(c.strip() for c in args.cases.split(","))
+    if unknown := set(cases) - set(SCENARIOS):
+        ap.error(f"unknown cases {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
     model_dir = resolve_model(args.model)
     spec = BACKENDS["ours"].launch(model_dir, 8970, args.threads, 256 << 20, 32768)
     logs = RESULTS_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     out: dict = {"model": args.model, "threads": args.threads, "repeats": args.repeats,
-                 "sender_nice": args.sender_nice,
+                 "sender_nice": args.sender_nice, "cases": list(cases),
                  "machine": describe_machine(args.threads), "load_average_before": load_average()}
     with ServerProcess("engine", spec.argv, 8970, spec.env, logs / "hostile_engine.log") as engine:
         engine.wait_healthy()
         via = [v.strip() for v in args.via.split(",")]
         if "engine" in via:
-            out["engine"] = run_target(engine.base_url, spec.request_model, "engine", args.repeats, args.sender_nice)
+            out["engine"] = run_target(engine.base_url, spec.request_model, "engine", args.repeats, args.sender_nice, cases)
         if "gateway" in via:
             argv = [sys.executable, "-m", "chatfleet.cli.main", "gateway", "--replica", engine.base_url,
                     "--port", "8971", "--log-level", "warning"]
             with ServerProcess("gateway", argv, 8971, {}, logs / "hostile_gateway.log") as gw:
                 gw.wait_healthy()
-                out["gateway"] = run_target(gw.base_url, spec.request_model, "gateway", args.repeats, args.sender_nice)
+                out["gateway"] = run_target(gw.base_url, spec.request_model, "gateway", args.repeats, args.sender_nice, cases)
     out["load_average_after"] = load_average()
     print(f"load average before {out['load_average_before']}, after {out['load_average_after']}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ from chatfleet.gateway.tenants import (
     tenant_of_key,
     with_cache_salt,
 )
+from chatfleet.protocol.body_spool import BodyAssembler
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 from chatfleet.protocol.safe_json import check_json_content_type
@@ -222,15 +223,15 @@ class Gateway:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLargeError(f"request body of {declared} bytes exceeds the limit of {limit}")
-        parts, size = [], 0
+        parts = BodyAssembler()  # large bodies assembled off the GIL (body_spool.py)
         async for part in request.stream():
-            size += len(part)
-            if size > limit:
+            if parts.size + len(part) > limit:
+                parts.discard()
                 raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            parts.append(part)
-            if max(size, int(declared) if declared and declared.isdigit() else 0) >= LARGE_BODY_BYTES:
+            parts.add(part)
+            if max(parts.size, int(declared) if declared and declared.isdigit() else 0) >= LARGE_BODY_BYTES:
                 await self.pacer.take(len(part))  # large bodies read at a bounded rate (read_pacing.py)
-        body = b"".join(parts)
+        body = parts.result()
         if body:
             check_json_content_type(request.headers.get("content-type"))
         return body

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chatfleet.errors import PayloadTooLargeError
+from chatfleet.protocol.body_spool import BodyAssembler
 from chatfleet.protocol.errors import error_response
 from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
@@ -49,13 +50,14 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        chunks: list[bytes] = []
+        body_parts = BodyAssembler()  # large bodies assembled off the GIL (body_spool.py)
         size = 0
         too_large = declared is not None and declared > self.max_body_bytes
         more = True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
+                body_parts.discard()
                 return  # the client left before sending its body
             body = message.get("body", b"")
             more = message.get("more_body", False)
@@ -64,13 +66,12 @@ class BodyLimitMiddleware:
                 await self.pacer.take(len(body))  # large bodies read at a bounded rate (read_pacing.py)
             if size > self.max_body_bytes:
                 too_large = True
-                chunks.clear()
             if too_large:
+                body_parts.discard()
                 if size > self.max_body_bytes + self.drain_bytes:
                     break
                 continue
-            if body:
-                chunks.append(body)
+            body_parts.add(body)
         if too_large:
             shown = max(size, declared or 0)
             err = PayloadTooLargeError(
@@ -79,7 +80,7 @@ class BodyLimitMiddleware:
             )
             await error_response(err)(scope, receive, send)
             return
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        await self.app(scope, _replay(body_parts.result(), receive), send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

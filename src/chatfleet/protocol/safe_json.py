@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from chatfleet.errors import InvalidRequestError
+from chatfleet.protocol.body_spool import BodyAssembler
 
 MAX_DEPTH = 64
 MAX_NUMBER_DIGITS = 400
@@ -185,6 +186,21 @@ LARGE_BODY_PARSER = "large_body_parser"
 LargeBodyParser = Callable[[str, bytes], Awaitable[object]]
 
 
+async def whole_body(request: Request) -> bytes:
+    """The request's body, cached where Starlette's ``Request.body`` caches it. Unlike that, a body
+    that arrives as one chunk (as ``BodyLimitMiddleware`` replays it) is kept as it is, not copied
+    by a join with the stream's closing empty chunk (a copy of a large body holds the GIL)."""
+    cached = getattr(request, "_body", None)
+    if isinstance(cached, bytes):
+        return cached
+    parts = BodyAssembler()
+    async for chunk in request.stream():
+        parts.add(chunk)
+    body = parts.result()
+    request._body = body
+    return body
+
+
 class SafeJSONRoute(APIRoute):
     """An APIRoute whose JSON body goes through ``parse_json_body`` before FastAPI validates it
     (large ones through the app's ``LARGE_BODY_PARSER`` where it sets one)."""
@@ -197,7 +213,7 @@ class SafeJSONRoute(APIRoute):
 
         async def safe_handler(request: Request) -> Response:
             if request.method in ("POST", "PUT", "PATCH"):
-                body = await request.body()
+                body = await whole_body(request)
                 if body:
                     check_json_content_type(request.headers.get("content-type"))
                     judge = getattr(request.app.state, LARGE_BODY_PARSER, None)
