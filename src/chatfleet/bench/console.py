@@ -16,6 +16,7 @@ from chatfleet.bench.point_sizing import values_to_decide_point
 from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
+from chatfleet.bench.run_agreement import runs_disagree, why_runs_disagree
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.stats import RunSummary
 from chatfleet.bench.sweep import Observer, RunRecord, SweepResult
@@ -159,14 +160,18 @@ def reset_notes(res: SweepResult) -> list[str]:
 
 
 def undecided_lines(res: SweepResult, more: str = "raise --duration") -> list[str]:
-    """Why each undecided point stayed so: the straddling interval and what would decide it (with
-    the values that would, projected from the point's share within the target)."""
+    """Why each undecided point stayed so: its runs judged alone disagree (``run_agreement``), or
+    the straddling interval and what would decide it (with the values that would, projected from
+    the point's share within the target)."""
     slo = parse_slo(res.slo)
     targets = {tg.key: tg for tg in slo.targets}
     lines = []
     for p in res.points:
         if p.judged is None or p.verdict != "undecided":
             continue
+        if runs_disagree(p.judged):
+            lines.append(f"load {p.level:g} undecided after {len(p.runs)} runs: "
+                         + why_runs_disagree(p.judged.pooled or "undecided", [r.verdict for r in p.judged.runs]))
         level = next(iter(p.judged.intervals.values())).level
         to_decide = values_to_decide_point((rec for r in p.kept for rec in r.records), slo, p.judged, level)
         for k, v in p.judged.targets.items():

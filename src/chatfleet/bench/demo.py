@@ -13,7 +13,10 @@ Each load point is sized for the SLO's percentiles (``bench/point_sizing.py``): 
 ``duration_s`` (enough to show a clearly broken point), and an undecided point runs on until each
 target has the values its interval needs (72 for a p95 at 95%) and as many as would decide it,
 at most ``max_point_s`` measured seconds a point and ``series_budget_s`` a series, so the whole
-demo stays bounded in time. The climb goes on past an undecided load until one breaks the SLO.
+demo stays bounded in time. A point is met (or broken) only where its pooled intervals say so and no
+run judged on its own requests says the opposite; where the runs disagree it is undecided and not
+measured further (``bench/run_agreement.py``). The climb goes on past an undecided load until one
+breaks the SLO.
 
 The output names the CPU, each knee with its bracket (the highest load shown to meet the SLO ..
 the lowest shown to break it, with any undecided loads between: ``knee.knee_bracket``) and the

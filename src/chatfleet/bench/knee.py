@@ -2,8 +2,9 @@
 
 The bracket (``knee_bracket``): a sweep's knee is the highest load shown to meet the SLO; the
 lowest load above it shown to break it bounds the knee from above, and the loads between them
-whose intervals straddled the SLO are an undecided band. The ratio of two knees gets its range
-from the two brackets (``bracket_ratio``).
+whose intervals straddled the SLO, or whose runs judged alone disagreed with the pooled verdict
+(``run_agreement``), are an undecided band. The ratio of two knees gets its range from the two
+brackets (``bracket_ratio``).
 
 The spread over repeats (``knee_spread``): judging a sweep's points by one repeat at a time gives
 one knee per repeat (the highest load that, with every lower load measured, met the SLO in that
@@ -83,10 +84,11 @@ class KneeRatio:
 class KneeBracket:
     """Where a sweep's SLO breaks: between ``met`` (its knee: the highest load shown to meet the
     SLO, every lower load measured met) and ``broken`` (the lowest load above it shown to break it),
-    with the loads between them whose intervals straddled the SLO (``undecided``).
+    with the loads between them whose intervals straddled the SLO or whose runs disagreed (``undecided``).
 
-    Each end is a point verdict at the sweep's confidence level, so (as long as the percentiles grow
-    with the load) the load at which the SLO's percentile crosses its target lies in
+    Each end is a point verdict at the sweep's confidence level that none of the point's runs alone
+    contradicts, so (as long as the percentiles grow with the load) the load at which the SLO's
+    percentile crosses its target lies in
     [``low``, ``high``]: ``low`` is 0 where no load met the SLO, ``high`` infinite where none broke it."""
 
     met: float | None

@@ -3,8 +3,9 @@
 Each target's statistic is taken over the point's requests pooled (its kept runs) with a
 confidence interval (``quantile_ci``). A target passes only where the whole interval meets it,
 fails only where the whole interval breaks it, and is undecided otherwise; a point passes when
-every target passes, fails when one fails, and is undecided otherwise. The sweep measures an
-undecided point again (bounded) and never calls a knee on one.
+every target passes, fails when one fails, and is undecided otherwise. The sweep also judges each
+of a point's runs alone and overrules a pooled verdict that a run contradicts (``run_agreement``);
+it measures an undecided point again (bounded) and never calls a knee on one.
 """
 
 from __future__ import annotations
@@ -37,10 +38,15 @@ class PointVerdict:
     verdict: str  # one of VERDICTS
     intervals: dict[str, StatInterval]  # target key -> its interval over the pooled requests
     targets: dict[str, str]  # target key -> its own verdict
+    pooled: str | None = None  # with ``runs``: the pooled verdict, before the runs alone could overrule it
+    runs: tuple[PointVerdict, ...] = ()  # each kept run judged on its own requests (``run_agreement``)
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "targets": dict(self.targets),
-                "intervals": {k: iv.to_dict() for k, iv in self.intervals.items()}}
+        out: dict = {"verdict": self.verdict, "targets": dict(self.targets),
+                     "intervals": {k: iv.to_dict() for k, iv in self.intervals.items()}}
+        if self.runs:
+            out |= {"pooled": self.pooled, "runs": [r.to_dict() for r in self.runs]}
+        return out
 
 
 def judge_point(records: Iterable[RequestRecord], slo: SLO, level: float = 0.95) -> PointVerdict:

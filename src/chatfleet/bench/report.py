@@ -15,6 +15,7 @@ from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.quantile_ci import StatInterval
 from chatfleet.bench.report_breakdown import tables_html as breakdown_tables
 from chatfleet.bench.report_plots import plots
+from chatfleet.bench.run_agreement import disagree, why_runs_disagree
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import SweepResult
 from chatfleet.errors import ConfigError
@@ -93,6 +94,9 @@ def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
             cells.append(f"{_seconds(iv.estimate)} [{_seconds(iv.low)}, {_seconds(iv.high)}] n={iv.n}")
             if conf.get("targets", {}).get(k) == "undecided":
                 notes.append(f"load {p['level']:g}: {why_undecided(targets[k], iv)}")
+        alone = [r.get("verdict", "undecided") for r in conf.get("runs") or ()]
+        if verdict == "undecided" and alone and disagree(conf.get("pooled") or "undecided", alone):
+            notes.append(f"load {p['level']:g}: {why_runs_disagree(conf.get('pooled') or 'undecided', alone)}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
     knee_txt = f"none ({why_no_knee or 'no load was shown to meet the SLO'})" if knee is None else f"{knee:g}" + (
@@ -111,8 +115,9 @@ def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
         level = next((d["level"] for p in sw["points"]
                       for d in (p.get("confidence") or {}).get("intervals", {}).values()), 0.95)
         explain = (f"<p>A point meets the SLO only where every target's {level:.0%} interval (order statistics over "
-                   "the point's requests pooled) lies within it; an undecided point was measured again, and no knee "
-                   "is called on one.</p>")
+                   "the point's requests pooled) lies within it and no run judged on its own requests shows it broken "
+                   "(broken likewise: no run alone shown met; otherwise the runs disagree); an undecided point was "
+                   "measured again, and no knee is called on one.</p>")
     if notes:
         explain += "<ul>" + "".join(f"<li>undecided at {html.escape(n)}</li>" for n in notes) + "</ul>"
     return (f"<h3>{html.escape(name)}: knee {knee_txt}</h3><table><tr>{head}</tr>{''.join(rows)}</table>{explain}")

@@ -7,8 +7,10 @@ SLO breaks, then bisects: the knee is the highest load that meets it.
 
 With a ``confidence`` level a point is judged by intervals over its requests pooled
 (``point_verdict``): it passes only where every target's interval meets the SLO, fails only where
-one breaks it, and an undecided point is measured again, one run of the same length at a time, up
-to ``extend_up_to`` times its repeats. A knee is never called on an undecided point. With
+one breaks it; each run is also judged alone, and a point whose runs disagree with the pooled
+verdict is undecided (``run_agreement``). An undecided point is measured again, one run of the same
+length at a time, up to ``extend_up_to`` times its repeats (not one whose runs disagree: no later
+run undoes a run's own verdict). A knee is never called on an undecided point. With
 ``sizing`` (``point_sizing``) those later runs are as long as the point needs for its intervals to be
 able to decide (a p95 needs 72 values before it can be bounded above), within a cap on the point's
 measured seconds; a sweep's ``budget_s`` caps the measured seconds of all its points. With
@@ -27,8 +29,9 @@ from chatfleet.bench.breakdown import Breakdown, breakdown
 from chatfleet.bench.client import ClientConfig
 from chatfleet.bench.loops import LoadResult, LoadSpec, run_load
 from chatfleet.bench.point_sizing import PointSizing, values_to_decide_point
-from chatfleet.bench.point_verdict import PointVerdict, judge_point
+from chatfleet.bench.point_verdict import PointVerdict
 from chatfleet.bench.records import RequestRecord
+from chatfleet.bench.run_agreement import judge_runs, runs_disagree
 from chatfleet.bench.server_ops import ResetCheck, ServerControl
 from chatfleet.bench.slo import SLO
 from chatfleet.bench.stats import Interval, RunSummary, confidence_interval, summarize
@@ -123,7 +126,7 @@ class PointResult:
     runs: list[RunRecord]
     passed: bool
     intervals: dict[str, Interval]  # goodput, hit_rate and each SLO target, over kept repeats
-    judged: PointVerdict | None = None  # with a confidence level: intervals over the pooled requests
+    judged: PointVerdict | None = None  # with a confidence level: pooled intervals, each run judged alone
 
     @property
     def verdict(self) -> str:
@@ -256,7 +259,7 @@ class Bench:
         if sizing is not None and max_s is not None:
             sizing = replace(sizing, max_point_s=max(sizing.base_s, min(sizing.max_point_s, max_s)))
         def judge() -> PointVerdict:
-            return judge_point((rec for r in _kept(runs) for rec in r.records), self.p.slo, confidence)
+            return judge_runs([r.records for r in _kept(runs)], self.p.slo, confidence)
 
         def sized(judged: PointVerdict, runs_left: int) -> float:
             """The next run's seconds for an undecided point (0.0: its cap is spent)."""
@@ -275,7 +278,8 @@ class Bench:
             judged = judge()
         assert judged is not None  # repeats >= 1
         extensions = 0
-        while judged.verdict == "undecided" and extensions < (self.p.extend_up_to - 1) * self.p.repeats:
+        while (judged.verdict == "undecided" and not runs_disagree(judged)
+               and extensions < (self.p.extend_up_to - 1) * self.p.repeats):
             duration = sized(judged, 1) if sizing is not None else None
             if duration == 0.0:
                 break
