@@ -262,13 +262,15 @@ def main() -> None:
         engine.wait_healthy()
         via = [v.strip() for v in args.via.split(",")]
         if "engine" in via:
-            out["engine"] = run_target(engine.base_url, spec.request_model, "engine", args.repeats, args.sender_nice, cases)
+            out["engine"] = run_target(engine.base_url, spec.request_model, "engine", args.repeats,
+                                       args.sender_nice, cases)
         if "gateway" in via:
             argv = [sys.executable, "-m", "chatfleet.cli.main", "gateway", "--replica", engine.base_url,
                     "--port", "8971", "--log-level", "warning"]
             with ServerProcess("gateway", argv, 8971, {}, logs / "hostile_gateway.log") as gw:
                 gw.wait_healthy()
-                out["gateway"] = run_target(gw.base_url, spec.request_model, "gateway", args.repeats, args.sender_nice, cases)
+                out["gateway"] = run_target(gw.base_url, spec.request_model, "gateway", args.repeats,
+                                            args.sender_nice, cases)
     out["load_average_after"] = load_average()
     print(f"load average before {out['load_average_before']}, after {out['load_average_after']}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
