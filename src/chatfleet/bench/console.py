@@ -16,7 +16,7 @@ from chatfleet.bench.point_sizing import values_to_decide_point
 from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.records import RequestRecord
 from chatfleet.bench.report_breakdown import GROUP_COLUMNS, group_row
-from chatfleet.bench.run_agreement import runs_disagree, why_runs_disagree
+from chatfleet.bench.run_agreement import disagreement
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.stats import RunSummary
 from chatfleet.bench.sweep import Observer, RunRecord, SweepResult
@@ -169,9 +169,8 @@ def undecided_lines(res: SweepResult, more: str = "raise --duration") -> list[st
     for p in res.points:
         if p.judged is None or p.verdict != "undecided":
             continue
-        if runs_disagree(p.judged):
-            lines.append(f"load {p.level:g} undecided after {len(p.runs)} runs: "
-                         + why_runs_disagree(p.judged.pooled or "undecided", [r.verdict for r in p.judged.runs]))
+        if why := disagreement(p.judged.verdict, p.judged.pooled, [r.verdict for r in p.judged.runs]):
+            lines.append(f"load {p.level:g} undecided after {len(p.runs)} runs: {why}")
         level = next(iter(p.judged.intervals.values())).level
         to_decide = values_to_decide_point((rec for r in p.kept for rec in r.records), slo, p.judged, level)
         for k, v in p.judged.targets.items():

@@ -15,7 +15,7 @@ from chatfleet.bench.point_verdict import why_undecided
 from chatfleet.bench.quantile_ci import StatInterval
 from chatfleet.bench.report_breakdown import tables_html as breakdown_tables
 from chatfleet.bench.report_plots import plots
-from chatfleet.bench.run_agreement import disagree, why_runs_disagree
+from chatfleet.bench.run_agreement import disagreement
 from chatfleet.bench.slo import parse_slo
 from chatfleet.bench.sweep import SweepResult
 from chatfleet.errors import ConfigError
@@ -95,8 +95,8 @@ def _points_table(name: str, sw: dict, why_no_knee: str | None = None) -> str:
             if conf.get("targets", {}).get(k) == "undecided":
                 notes.append(f"load {p['level']:g}: {why_undecided(targets[k], iv)}")
         alone = [r.get("verdict", "undecided") for r in conf.get("runs") or ()]
-        if verdict == "undecided" and alone and disagree(conf.get("pooled") or "undecided", alone):
-            notes.append(f"load {p['level']:g}: {why_runs_disagree(conf.get('pooled') or 'undecided', alone)}")
+        if why := disagreement(verdict, conf.get("pooled"), alone):
+            notes.append(f"load {p['level']:g}: {why}")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     knee = sw.get("knee")
     knee_txt = f"none ({why_no_knee or 'no load was shown to meet the SLO'})" if knee is None else f"{knee:g}" + (

@@ -57,8 +57,16 @@ def judge_runs(runs: Sequence[Sequence[RequestRecord]], slo: SLO, level: float =
 
 def runs_disagree(judged: PointVerdict) -> bool:
     """Whether ``judged`` (from ``judge_runs``) is undecided because its runs disagree."""
-    return judged.verdict == "undecided" and disagree(judged.pooled or judged.verdict,
-                                                      [r.verdict for r in judged.runs])
+    return disagreement(judged.verdict, judged.pooled, [r.verdict for r in judged.runs]) is not None
+
+
+def disagreement(verdict: str, pooled: str | None, runs: Sequence[str]) -> str | None:
+    """Why a point with this verdict, pooled verdict and runs' own verdicts is undecided where its
+    runs disagree (``why_runs_disagree``); None where that is not why (the console reads a
+    ``PointVerdict``, the report its JSON)."""
+    if verdict != "undecided" or not disagree(pooled or verdict, runs):
+        return None
+    return why_runs_disagree(pooled or verdict, runs)
 
 
 def why_runs_disagree(pooled: str, runs: Sequence[str]) -> str:
