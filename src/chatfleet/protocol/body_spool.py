@@ -7,10 +7,11 @@ times that on a busy one; a hundred 1 MB bodies at once held the step loop back 
 milliseconds (``benchmarks/hostile_bodies.py``, py-spy: the event loop's time in the joins).
 
 ``BodyAssembler`` keeps a small body's chunks in a list and joins them (cheap). Once the body
-reaches ``spool_bytes`` it writes each chunk to an anonymous memory file (``os.memfd_create``) and
-reads the whole body back with one ``os.pread``: ``os.write`` and ``os.pread`` release the GIL,
-so the copies and their page faults run beside the other threads. Where the platform has no
-memfd, it joins the chunks as before.
+reaches ``spool_bytes`` (by default the servers' large-body size, ``read_pacing.LARGE_BODY_BYTES``)
+it writes each chunk to an anonymous memory file (``os.memfd_create``) and reads the whole body
+back with one ``os.pread``: ``os.write`` and ``os.pread`` release the GIL, so the copies and their
+page faults run beside the other threads. Where the platform has no memfd, it joins the chunks as
+before.
 
 States: collecting in memory -> (spooled to the memory file) -> done (``result``) or discarded
 (``discard``); the file is closed in both ends, and ``result`` or ``discard`` may be called once.
@@ -20,19 +21,19 @@ from __future__ import annotations
 
 import os
 
-SPOOL_BYTES = 256 << 10  # bodies at least this large are assembled in a memory file
+from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES
 
 
 class BodyAssembler:
     """The chunks of one request body, in arrival order."""
 
-    def __init__(self, spool_bytes: int = SPOOL_BYTES) -> None:
+    def __init__(self, spool_bytes: int = LARGE_BODY_BYTES) -> None:
+        self._fd: int | None = None  # first: ``__del__`` reads it even where the check below raised
         if spool_bytes < 1:
             raise ValueError("spool_bytes must be >= 1")
         self.spool_bytes = spool_bytes
         self.size = 0
         self._chunks: list[bytes] = []
-        self._fd: int | None = None
         self._spooled = False
         self._done = False
 
