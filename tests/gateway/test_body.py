@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
@@ -12,6 +13,7 @@ import pytest
 
 from chatfleet.gateway.body import BodyInspector, BodyRejected, ParsedBody, inspect_body
 from chatfleet.gateway.session import KeySource
+from chatfleet.protocol.body_spool import BodyAssembler, SharedBody
 
 CHAT = "/v1/chat/completions"
 
@@ -80,6 +82,50 @@ def test_large_bodies_get_the_same_verdict_from_the_worker_process():
     results = asyncio.run(run())
     assert results == [inspect_body(CHAT, body) for body in (big, bad, chat())]
     assert isinstance(results[0], ParsedBody) and isinstance(results[1], BodyRejected)
+
+
+def _spooled(body: bytes) -> BodyAssembler:
+    parts = BodyAssembler(64 << 10)
+    for start in range(0, len(body), 64 << 10):  # as a socket delivers it, in pieces
+        parts.add(body[start:start + (64 << 10)])
+    return parts
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+def test_a_spooled_body_goes_to_the_worker_by_name_with_the_same_verdict(monkeypatch):
+    """The worker reads a shared body from the gateway's memory file (the bytes are not pickled:
+    the spy sees what was sent); where it cannot open the file it gets the bytes instead."""
+    big = chat("word " * 100_000)
+    bad = json.dumps({"model": "m", "messages": [{"role": "nobody", "content": "x" * 400_000}]}).encode()
+    sent: list[type] = []
+    real = asyncio.BaseEventLoop.run_in_executor
+
+    def spy(loop, executor, fn, *args):
+        if args:  # (the pool's start goes through here too, with none)
+            sent.append(type(args[-1]))
+        return real(loop, executor, fn, *args)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "run_in_executor", spy)
+
+    async def run():
+        inspector = BodyInspector(offload_bytes=64 << 10)
+        results = []
+        try:
+            for body in (big, bad):
+                parts = _spooled(body)
+                assert parts.finish() == body and parts.spooled
+                shared = parts.shared()
+                results.append(await inspector.inspect(CHAT, body, shared))
+                parts.close()  # closed: the worker cannot open it, and is sent the bytes
+                results.append(await inspector.inspect(CHAT, body, shared))
+            return results
+        finally:
+            inspector.close()
+
+    results = asyncio.run(run())
+    expected = [inspect_body(CHAT, body) for body in (big, bad)]
+    assert results == [expected[0], expected[0], expected[1], expected[1]]
+    assert SharedBody in sent and sent.count(bytes) == 2  # by name each time, the bytes after a close
 
 
 def test_the_worker_starts_off_the_event_loop_and_once(monkeypatch):

@@ -9,7 +9,9 @@ Python converts, invalid UTF-8 and lone surrogates are client errors (400), not 
 every stream on it (a few MB of chat take a few hundred ms to validate). At most
 ``max_pending`` large bodies are inspected or waiting at once; more wait their turn. The worker
 starts on the first large body, on a thread: starting it (the forkserver, then the worker) blocks
-its caller for a few hundred ms, and on the event loop that stalled every stream it relays.
+its caller for a few hundred ms, and on the event loop that stalled every stream it relays. A body
+the gateway spooled goes to the worker as a ``body_spool.SharedBody`` (its memory file's path),
+not pickled: the worker reads it itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -27,10 +30,13 @@ from pydantic import ValidationError
 
 from chatfleet.errors import InvalidRequestError
 from chatfleet.gateway.session import SessionKey, body_session
+from chatfleet.protocol.body_spool import SharedBody, body_bytes
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
 from chatfleet.protocol.safe_json import MAX_DEPTH, parse_json_body
 from chatfleet.protocol.worker_priority import lower_cpu_priority
+
+log = logging.getLogger(__name__)
 
 ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
@@ -57,12 +63,12 @@ class BodyRejected:
     param: str | None = None
 
 
-def inspect_body(path: str, body: bytes) -> ParsedBody | BodyRejected:
+def inspect_body(path: str, body: bytes | SharedBody) -> ParsedBody | BodyRejected:
     """Validate ``body`` as the request of endpoint ``path``: parsed as the engine parses it
     (``protocol.safe_json``), then validated by the same request model, so both refuse a body
-    with the same message."""
+    with the same message (a shared body read here from the gateway's memory file)."""
     try:
-        return _inspect(path, body)
+        return _inspect(path, body_bytes(body))
     except RecursionError:  # pydantic on a body nested within the parse's limit but still deep
         return BodyRejected(f"the body: the JSON is nested more than {MAX_DEPTH} levels deep;"
                             f" at most {MAX_DEPTH} levels are allowed")
@@ -107,15 +113,23 @@ class BodyInspector:
         self._pool: ProcessPoolExecutor | None = None
         self._starting = threading.Lock()
 
-    async def inspect(self, path: str, body: bytes) -> ParsedBody | BodyRejected:
+    async def inspect(self, path: str, body: bytes, shared: SharedBody | None = None) -> ParsedBody | BodyRejected:
+        """``shared``, the same body in a memory file the caller keeps open until this returns,
+        goes to the worker instead of the bytes (pickling a large body holds the GIL for a copy)."""
         if len(body) < self.offload_bytes:
             return inspect_body(path, body)
+        sent: bytes | SharedBody = shared if shared is not None else body
         async with self._pending:
             loop = asyncio.get_running_loop()
             try:
-                return await loop.run_in_executor(await self._executor(), inspect_body, path, body)
+                return await loop.run_in_executor(await self._executor(), inspect_body, path, sent)
             except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh
                 self.close()
+                return await loop.run_in_executor(await self._executor(), inspect_body, path, sent)
+            except OSError as exc:  # the worker could not open the memory file (a locked-down /proc)
+                if sent is body:
+                    raise
+                log.warning("the body worker could not read a shared body (%s); sending its bytes", exc)
                 return await loop.run_in_executor(await self._executor(), inspect_body, path, body)
 
     async def _executor(self) -> ProcessPoolExecutor:

@@ -43,7 +43,7 @@ from chatfleet.gateway.tenants import (
     tenant_of_key,
     with_cache_salt,
 )
-from chatfleet.protocol.body_spool import BodyAssembler
+from chatfleet.protocol.body_spool import BodyAssembler, SharedBody
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 from chatfleet.protocol.safe_json import check_json_content_type
@@ -219,6 +219,12 @@ class Gateway:
     async def read_body(self, request: Request) -> bytes:
         """The request's body: over the limit a 413, and one not sent as JSON a 400 naming its
         content type (after the size, as the engine checks them)."""
+        return (await self.receive_body(request)).result()
+
+    async def receive_body(self, request: Request) -> BodyAssembler:
+        """The request's body, all of it received, checked as ``read_body`` checks it, in an
+        assembler the caller finishes and closes (a spooled body can be shared with the worker
+        that inspects it, ``body_spool.SharedBody``)."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -231,10 +237,13 @@ class Gateway:
             parts.add(part)
             if max(parts.size, int(declared) if declared and declared.isdigit() else 0) >= LARGE_BODY_BYTES:
                 await self.pacer.take(len(part))  # large bodies read at a bounded rate (read_pacing.py)
-        body = parts.result()
-        if body:
-            check_json_content_type(request.headers.get("content-type"))
-        return body
+        if parts.size:
+            try:
+                check_json_content_type(request.headers.get("content-type"))
+            except Exception:
+                parts.discard()
+                raise
+        return parts
 
     def upstream_headers(self, request: Request, request_id: str, tenant: Tenant = OPEN_TENANT) -> dict[str, str]:
         headers = {"content-type": "application/json", self.config.request_id_header: request_id}
@@ -252,8 +261,12 @@ class Gateway:
         path = request.url.path
         try:
             tenant = self.authenticate(request)
-            body = await self.read_body(request)
-            parsed = await self.parse(path, body)
+            parts = await self.receive_body(request)
+            try:
+                body = parts.finish()
+                parsed = await self.parse(path, body, parts.shared())
+            finally:
+                parts.close()  # the worker has read a shared body by now
             release = self.limits.admit(tenant, estimated_tokens(parsed.prompt_bytes, parsed.max_tokens))
         except Exception as exc:
             err = to_chatfleet_error(exc)
@@ -272,9 +285,10 @@ class Gateway:
         )
         return ProxyResponse(self, call)
 
-    async def parse(self, path: str, body: bytes) -> ParsedBody:
-        """Validate the body as the endpoint's OpenAI request, without touching a replica."""
-        parsed = await self.bodies.inspect(path, body)
+    async def parse(self, path: str, body: bytes, shared: SharedBody | None = None) -> ParsedBody:
+        """Validate the body as the endpoint's OpenAI request, without touching a replica (a
+        large one in the inspecting worker, which reads ``shared``, if given, for itself)."""
+        parsed = await self.bodies.inspect(path, body, shared)
         if isinstance(parsed, BodyRejected):
             raise InvalidRequestError(parsed.message, param=parsed.param)
         known = {m["id"] for m in self.replicas.models()}

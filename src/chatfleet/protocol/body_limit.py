@@ -3,7 +3,9 @@
 Starlette's own limit answers in plain text and stops reading mid-upload (the client then sees a
 reset instead of the answer). This one reads the body off the socket (asyncio I/O: other
 requests keep running), and once it is over the limit keeps draining, discarding, up to
-``drain_bytes`` more so the client can read the 413; then it answers.
+``drain_bytes`` more so the client can read the 413; then it answers. A large body is assembled
+off the GIL (``body_spool.py``); its memory file stays open while the app runs, named in the
+scope (``SHARED_BODY_SCOPE_KEY``) so that a route can hand it to a worker process unpickled.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chatfleet.errors import PayloadTooLargeError
-from chatfleet.protocol.body_spool import BodyAssembler
+from chatfleet.protocol.body_spool import SHARED_BODY_SCOPE_KEY, BodyAssembler
 from chatfleet.protocol.errors import error_response
 from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
@@ -80,7 +82,15 @@ class BodyLimitMiddleware:
             )
             await error_response(err)(scope, receive, send)
             return
-        await self.app(scope, _replay(body_parts.result(), receive), send)
+        body = body_parts.finish()
+        shared = body_parts.shared()  # a spooled body, for a route that hands it to a worker
+        if shared is not None:
+            scope[SHARED_BODY_SCOPE_KEY] = shared
+        try:
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            scope.pop(SHARED_BODY_SCOPE_KEY, None)
+            body_parts.close()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

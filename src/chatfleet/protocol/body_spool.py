@@ -6,22 +6,66 @@ GIL: ~0.7 ms per MB on a quiet machine, most of it the page faults of the new me
 times that on a busy one; a hundred 1 MB bodies at once held the step loop back for hundreds of
 milliseconds (``benchmarks/hostile_bodies.py``, py-spy: the event loop's time in the joins).
 
-``BodyAssembler`` keeps a small body's chunks in a list and joins them (cheap). Once the body
+``BodyAssembler`` keeps a small body's chunks in a list and joins them (cheap); a body that is one
+chunk comes back as that chunk, uncopied, whatever its size. Once a body of more than one chunk
 reaches ``spool_bytes`` (by default the servers' large-body size, ``read_pacing.LARGE_BODY_BYTES``)
 it writes each chunk to an anonymous memory file (``os.memfd_create``) and reads the whole body
 back with one ``os.pread``: ``os.write`` and ``os.pread`` release the GIL, so the copies and their
 page faults run beside the other threads. Where the platform has no memfd, it joins the chunks as
 before.
 
-States: collecting in memory -> (spooled to the memory file) -> done (``result``) or discarded
-(``discard``); the file is closed in both ends, and ``result`` or ``discard`` may be called once.
+A spooled body can also be handed to a worker process as a ``SharedBody``: the memory file's path
+under ``/proc`` and its size, a few bytes to pickle, where the body itself would be pickled (one
+more copy with the GIL held, in the executor's feeder thread) and piped. The worker opens and
+reads the file itself (``body_bytes``), so that copy happens in its own interpreter. The file
+lives as long as the assembler is open: its owner closes it only once the worker has answered.
+
+States: collecting in memory -> (spooled to the memory file) -> finished (``finish``: the body
+read back; a spooled file stays open, ``shared`` names it) -> closed (``close``), or discarded
+(``discard``) at any point; ``result`` is ``finish`` then ``close``. The file is closed in every
+end, also when an assembler is dropped unclosed (a request cancelled mid-read).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class SharedBody:
+    """A spooled body that another process of this user can read while its assembler is open."""
+
+    path: str  # /proc/<pid>/fd/<fd> of the owner's memory file
+    size: int
+    device: int  # the file's identity: once the owner closes it, the fd number can name another
+    inode: int
+
+    def read(self) -> bytes:
+        """The body; FileNotFoundError once its owner has closed it (whatever the number names now)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a pipe there: no wait
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (self.device, self.inode):
+                raise FileNotFoundError(f"the body's memory file {self.path} was closed")
+            body = os.pread(fd, self.size, 0)
+        finally:
+            os.close(fd)
+        if len(body) != self.size:
+            raise OSError(f"read {len(body)} of the body's {self.size} bytes from {self.path}")
+        return body
+
+
+def body_bytes(body: bytes | SharedBody) -> bytes:
+    """The body's bytes, read from its memory file where it is shared."""
+    return body if isinstance(body, bytes) else body.read()
+
+
+# The ASGI scope key under which ``BodyLimitMiddleware`` passes the app a spooled body's
+# ``SharedBody`` (the body itself is replayed as usual; this lets a route hand it to a worker).
+SHARED_BODY_SCOPE_KEY = "chatfleet.shared_body"
 
 
 class BodyAssembler:
@@ -48,7 +92,7 @@ class BodyAssembler:
         if not chunk:
             return
         self.size += len(chunk)
-        if self._fd is None and self.size >= self.spool_bytes and hasattr(os, "memfd_create"):
+        if self._fd is None and self._chunks and self.size >= self.spool_bytes and hasattr(os, "memfd_create"):
             self._fd = os.memfd_create("chatfleet-body", os.MFD_CLOEXEC)
             self._spooled = True
             pending, self._chunks = self._chunks, []
@@ -65,32 +109,45 @@ class BodyAssembler:
         while view:
             view = view[os.write(self._fd, view):]
 
-    def result(self) -> bytes:
-        """The whole body (and the end of this assembler)."""
+    def finish(self) -> bytes:
+        """The whole body; a spooled body's file stays open (``shared``) until ``close``."""
         if self._done:
             raise RuntimeError("the body was already taken or discarded")
         self._done = True
         if self._fd is None:
             chunks, self._chunks = self._chunks, []
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = os.pread(self._fd, self.size, 0)
+        if len(body) != self.size:  # a memory file reads whole; anything else is a bug, said so
+            raise OSError(f"read {len(body)} of the body's {self.size} bytes back from its memory file")
+        return body
+
+    def shared(self) -> SharedBody | None:
+        """The finished, spooled body as a reference for a worker process (None where the body
+        was kept in memory, or once closed)."""
+        if not self._done or self._fd is None or not os.path.isdir("/proc/self/fd"):
+            return None
+        st = os.fstat(self._fd)
+        return SharedBody(f"/proc/{os.getpid()}/fd/{self._fd}", self.size, st.st_dev, st.st_ino)
+
+    def result(self) -> bytes:
+        """The whole body (and the end of this assembler)."""
         try:
-            body = os.pread(self._fd, self.size, 0)
-            if len(body) != self.size:  # a memory file reads whole; anything else is a bug, said so
-                raise OSError(f"read {len(body)} of the body's {self.size} bytes back from its memory file")
-            return body
+            return self.finish()
         finally:
-            self._close()
+            self.close()
 
     def discard(self) -> None:
         """Drop what was collected (the body is refused)."""
         self._done = True
         self._chunks = []
-        self._close()
+        self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close the memory file, if any (a ``SharedBody`` of it can no longer be opened)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
 
     def __del__(self) -> None:  # a request cancelled mid-read: the file does not outlive it
-        self._close()
+        self.close()

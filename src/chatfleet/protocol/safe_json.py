@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from chatfleet.errors import InvalidRequestError
-from chatfleet.protocol.body_spool import BodyAssembler
+from chatfleet.protocol.body_spool import SHARED_BODY_SCOPE_KEY, BodyAssembler, SharedBody
 
 MAX_DEPTH = 64
 MAX_NUMBER_DIGITS = 400
@@ -182,8 +182,9 @@ def check_json_content_type(header: str | None) -> None:
 
 # ``app.state.<this>``: an async (path, body) -> JSON value that a server sets to parse large
 # bodies its own way (the engine: in its tokenizing process, which refuses there what cannot fit).
+# The body comes as a ``SharedBody`` where ``BodyLimitMiddleware`` spooled it (no pickled copy).
 LARGE_BODY_PARSER = "large_body_parser"
-LargeBodyParser = Callable[[str, bytes], Awaitable[object]]
+LargeBodyParser = Callable[[str, bytes | SharedBody], Awaitable[object]]
 
 
 async def whole_body(request: Request) -> bytes:
@@ -218,7 +219,8 @@ class SafeJSONRoute(APIRoute):
                     check_json_content_type(request.headers.get("content-type"))
                     judge = getattr(request.app.state, LARGE_BODY_PARSER, None)
                     if len(body) >= OFF_LOOP_BYTES and judge is not None:
-                        value = await judge(request.url.path, body)
+                        shared = request.scope.get(SHARED_BODY_SCOPE_KEY)
+                        value = await judge(request.url.path, shared if isinstance(shared, SharedBody) else body)
                     elif len(body) >= OFF_LOOP_BYTES:
                         async with _one_large_parse():
                             value = await asyncio.to_thread(parse_json_body, body)

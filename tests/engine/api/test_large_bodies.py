@@ -18,7 +18,8 @@ from chatfleet.engine.engine import Engine
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.runner.torch_runner import TorchRunner
 from chatfleet.loopback import ServerThread
-from chatfleet.protocol.safe_json import OFF_LOOP_BYTES
+from chatfleet.protocol.body_spool import SharedBody
+from chatfleet.protocol.safe_json import LARGE_BODY_PARSER, OFF_LOOP_BYTES
 
 CHAT = "/v1/chat/completions"
 MAX_LEN = 128
@@ -32,8 +33,10 @@ def server():
     loaded = load_model(resolve_model("tiny"), dtype="float32")
     config = EngineConfig(model="tiny", max_model_len=MAX_LEN, cache=CacheConfig(block_size=16, num_tokens=1024))
     engine = AsyncEngine(Engine(config, runner=TorchRunner(loaded, 64, 16), tokenizer=loaded.tokenizer))
-    with ServerThread(build_app(engine)) as srv:
+    app = build_app(engine)
+    with ServerThread(app) as srv:
         srv.tokenizer = loaded.tokenizer
+        srv.app = app
         yield srv
     torch.set_num_threads(threads)
 
@@ -51,6 +54,27 @@ def test_a_large_body_that_fits_reaches_the_route(server):
     r = post(server, chat("hi", padding="x" * PAD))  # large by a field the prompt does not hold
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_large_body_goes_to_the_tokenizing_process_by_name_not_pickled(server):
+    """Over a socket a large body arrives in pieces and is spooled (``body_spool.py``): the route
+    hands the worker its memory file's name, and the worker's verdict is the same."""
+    parser = getattr(server.app.state, LARGE_BODY_PARSER)
+    seen: list[type] = []
+
+    async def spy(path, body):
+        seen.append(type(body))
+        return await parser(path, body)
+
+    setattr(server.app.state, LARGE_BODY_PARSER, spy)
+    try:
+        ok = post(server, chat("hi", padding="x" * PAD))
+        refused = post(server, chat("harbor " * (PAD // 7)))
+    finally:
+        setattr(server.app.state, LARGE_BODY_PARSER, parser)
+    assert seen == [SharedBody, SharedBody]
+    assert ok.status_code == 200, ok.text
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages", refused.text
 
 
 @pytest.mark.parametrize("body, path, param, words", [

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from chatfleet.engine.api.tokenize_process import TooManyTokens, encode_within
 from chatfleet.errors import InvalidRequestError
+from chatfleet.protocol.body_spool import SharedBody, body_bytes
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from chatfleet.protocol.safe_json import parse_json_body
@@ -89,10 +90,11 @@ def _count_within(tokenizer: Tokenizer, texts: list[str], limit: int) -> int | N
     return count
 
 
-def judge_body(tokenizer: Tokenizer, path: str, body: bytes, limits: BodyLimits) -> object:
-    """The parsed body, or ``Refused``: parse, validation, then the prompt's size."""
+def judge_body(tokenizer: Tokenizer, path: str, body: bytes | SharedBody, limits: BodyLimits) -> object:
+    """The parsed body, or ``Refused``: parse, validation, then the prompt's size (a shared body
+    read here, in the worker, from the server's memory file)."""
     try:
-        value = parse_json_body(body)
+        value = parse_json_body(body_bytes(body))
     except InvalidRequestError as exc:
         return Refused(exc.message, exc.param)
     model = REQUESTS.get(path)

@@ -26,6 +26,7 @@ from chatfleet.engine.api.large_bodies import BodyLimits, Refused, judge_body
 from chatfleet.engine.api.serving import CompletionPrompt, completion_prompt, render_chat
 from chatfleet.engine.api.tokenize_process import TokenizerProcesses, TooManyTokens
 from chatfleet.errors import InvalidRequestError, RequestTooLongError
+from chatfleet.protocol.body_spool import SharedBody
 from chatfleet.protocol.openai import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -161,14 +162,21 @@ class PromptBuilder:
         """Large bodies can be judged in the tokenizing process (``parse_body``)."""
         return self._processes is not None
 
-    async def parse_body(self, path: str, body: bytes) -> object:
+    async def parse_body(self, path: str, body: bytes | SharedBody) -> object:
         """A large body's JSON value, parsed, validated and measured in the tokenizing process
         (``large_bodies.py``): a body that is invalid or whose prompt cannot fit is refused there,
-        with the message the route would give, and its text never reaches this process."""
+        with the message the route would give, and its text never reaches this process. A
+        ``SharedBody`` is read by the worker from its memory file (no pickled copy here)."""
         assert self._processes is not None, "no tokenizing process (judges_bodies is false)"
         limits = BodyLimits(self.max_model_len, self.bound.max_chars if self.bound is not None else None,
                             self.max_model_len // self.message_tokens if self.message_tokens else None)
-        out = await self._processes.run(judge_body, path, body, limits)
+        try:
+            out = await self._processes.run(judge_body, path, body, limits)
+        except OSError as exc:  # the worker could not open the memory file (a locked-down /proc)
+            if isinstance(body, bytes):
+                raise
+            log.warning("the tokenizing worker could not read a shared body (%s); sending its bytes", exc)
+            out = await self._processes.run(judge_body, path, body.read(), limits)
         if isinstance(out, Refused):
             raise self._refusal(out)
         return out
