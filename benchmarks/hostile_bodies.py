@@ -126,12 +126,12 @@ async def _hostile(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[in
     return r.status_code, time.perf_counter() - t0, msg
 
 
-def _gaps(arrivals: list[float], t0: float, t1: float) -> list[float]:
-    """Gaps (after the warm-up) that overlap [t0, t1]."""
+def _gaps(arrivals: list[float], t0: float, t1: float) -> list[tuple[float, float]]:
+    """Gaps (after the warm-up) that overlap [t0, t1], each with when it began after t0."""
     out = []
     for a, b in zip(arrivals[WARM_TOKENS // 2:], arrivals[WARM_TOKENS // 2 + 1:], strict=False):
         if b >= t0 and a <= t1:
-            out.append(b - a)
+            out.append((b - a, a - t0))
     return out
 
 
@@ -168,9 +168,12 @@ class Measurer:
         return self.arrivals.get(timeout=120), out
 
     def _result(self, arrivals: list[float], t0: float, t1: float) -> dict:
-        gaps = sorted(_gaps(arrivals, t0, t1))
+        timed = sorted(_gaps(arrivals, t0, t1))
+        gaps = [g for g, _ in timed]
         return {"max_gap_ms": 1e3 * gaps[-1], "p99_gap_ms": 1e3 * gaps[int(0.99 * (len(gaps) - 1))],
-                "median_gap_ms": 1e3 * statistics.median(gaps), "gaps": len(gaps), "window_s": t1 - t0}
+                "median_gap_ms": 1e3 * statistics.median(gaps), "gaps": len(gaps), "window_s": t1 - t0,
+                # where the largest gaps fell (s after the window opened): intake, or judging
+                "largest_gaps_at_s": [[round(1e3 * g, 1), round(at, 2)] for g, at in reversed(timed[-5:])]}
 
     def hostile(self, name: str) -> dict:
         def send() -> tuple:
@@ -230,8 +233,9 @@ def run_target(url: str, model: str, label: str, repeats: int, sender_nice: int,
             "statuses": sorted({s for h, _ in pairs for s in h["statuses"]}),
             "reply_s_max": max(h["reply_s_max"] for h, _ in pairs), "message": pairs[0][0]["message"]}
         each = ", ".join(f"{h['max_gap_ms']:.0f}/{a['max_gap_ms']:.0f}" for h, a in pairs)
+        at = ", ".join(f"{h['largest_gaps_at_s'][0][1]:.1f}" for h, _ in pairs)
         print(f"  {name:>8}: {hostile_max:7.1f} ms vs {alone_max:5.1f} ms alone ({r['vs_alone']:.2f}x;"
-              f" each run hostile/alone ms: {each}; median gap"
+              f" each run hostile/alone ms: {each}, the hostile one at +{at} s of the window; median gap"
               f" {statistics.median(h['median_gap_ms'] for h, _ in pairs):.1f} ms),"
               f" replies {r['statuses']} in <= {r['reply_s_max']:.2f} s: {r['message'][:60]}")
     return results

@@ -11,6 +11,13 @@ large body reserves the next free slot and sleeps until it (the socket's flow co
 rest back meanwhile), so large bodies together read at most ``bytes_per_s``, and the event loop
 idles between their chunks, which lets the step loop run. Small bodies never wait; a slow client
 spends no budget, so it cannot hold others back.
+
+The rate is 16 MB/s per event loop (a gateway's reads and forwards share it). At 64 MB/s a hundred
+1 MB bodies still froze a stream relayed by the gateway for 150-340 ms, every gap in the second or
+two its intake lasted; at 16 MB/s its largest gap stayed within 1.3x its gap alone
+(``benchmarks/hostile_bodies.py --cases 100x1MB``). A chat turn's body is tens of KB and never
+paced; a 1 MB body alone takes ~60 ms more to read, and 16 MB/s of large bodies is millions of
+tokens a second, more than any replica prefills.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import asyncio
 
 LARGE_BODY_BYTES = 256 << 10  # bodies at least this large are paced
-LARGE_BODY_BYTES_PER_S = 64 << 20  # all large bodies together, per event loop
+LARGE_BODY_BYTES_PER_S = 16 << 20  # all large bodies together, per event loop (measured above)
 
 
 class ReadPacer:
