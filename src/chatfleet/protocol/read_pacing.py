@@ -13,9 +13,10 @@ idles between their chunks, which lets the step loop run. Small bodies never wai
 spends no budget, so it cannot hold others back.
 
 The rate is 16 MB/s per event loop (a gateway's reads and forwards share it). At 64 MB/s a hundred
-1 MB bodies still froze a stream relayed by the gateway for 150-340 ms, every gap in the second or
-two its intake lasted; at 16 MB/s its largest gap stayed within 1.3x its gap alone
-(``benchmarks/hostile_bodies.py --cases 100x1MB``). A chat turn's body is tens of KB and never
+1 MB bodies still froze a stream relayed by the gateway for 150-340 ms, every one of the largest
+gaps in the second or two its intake lasted; at 16 MB/s its largest gap was 1.21x and 2.41x its gap
+alone in two runs (48-121 ms), the gaps no longer bunched in the intake
+(``benchmarks/hostile_bodies.py``, benchmarks/README.md). A chat turn's body is tens of KB and never
 paced; a 1 MB body alone takes ~60 ms more to read, and 16 MB/s of large bodies is millions of
 tokens a second, more than any replica prefills.
 """
