@@ -18,8 +18,8 @@ A spooled body can also be handed to a worker process as a ``SharedBody``: the m
 under ``/proc``, its size and its identity (device, inode), a few bytes to pickle, where the body
 itself would be pickled (one more copy with the GIL held, in the executor's feeder thread) and
 piped. The worker opens and reads the file itself (``body_bytes``), so that copy happens in its
-own interpreter. The file
-lives as long as the assembler is open: its owner closes it only once the worker has answered.
+own interpreter. The file lives as long as the assembler is open: its owner closes it only once
+the worker has answered.
 
 States: collecting in memory -> (spooled to the memory file) -> finished (``finish``: the body
 read back; a spooled file stays open, ``shared`` names it) -> closed (``close``), or discarded
