@@ -172,6 +172,7 @@ class Measurer:
         gaps = [g for g, _ in timed]
         return {"max_gap_ms": 1e3 * gaps[-1], "p99_gap_ms": 1e3 * gaps[int(0.99 * (len(gaps) - 1))],
                 "median_gap_ms": 1e3 * statistics.median(gaps), "gaps": len(gaps), "window_s": t1 - t0,
+                "window_t0": t0,  # perf_counter (CLOCK_MONOTONIC): lines up with `perf record -k CLOCK_MONOTONIC`
                 # where the largest gaps fell (s after the window opened): intake, or judging
                 "largest_gaps_at_s": [[round(1e3 * g, 1), round(at, 2)] for g, at in reversed(timed[-5:])]}
 

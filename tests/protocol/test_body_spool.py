@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chatfleet.protocol.body_spool import BodyAssembler, SharedBody, body_bytes
+from chatfleet.protocol.body_spool import BodyAssembler, SharedBody, body_bytes, finished
 
 
 def _open_fds() -> int:
@@ -117,3 +117,29 @@ def test_result_once() -> None:
     assert parts.result() == b"{}"
     with pytest.raises(RuntimeError):
         parts.result()
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+def test_finished_reads_a_spooled_body_back_off_the_event_loop(monkeypatch) -> None:
+    import asyncio
+    import threading
+
+    readers: list[str] = []
+    real_pread = os.pread
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        readers.append(threading.current_thread().name)
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    spooled, small = BodyAssembler(8), BodyAssembler(1 << 20)
+    for c in (b"a" * 10, b"b" * 10):
+        spooled.add(c)
+        small.add(c)
+
+    async def both() -> tuple[bytes, bytes]:
+        return await finished(spooled), await finished(small)
+
+    assert asyncio.run(both()) == (b"a" * 10 + b"b" * 10,) * 2
+    assert readers and threading.main_thread().name not in readers  # the loop never did the copy
+    spooled.close()

@@ -43,7 +43,7 @@ from chatfleet.gateway.tenants import (
     tenant_of_key,
     with_cache_salt,
 )
-from chatfleet.protocol.body_spool import BodyAssembler, SharedBody
+from chatfleet.protocol.body_spool import BodyAssembler, SharedBody, finished
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
 from chatfleet.protocol.safe_json import check_json_content_type
@@ -219,7 +219,11 @@ class Gateway:
     async def read_body(self, request: Request) -> bytes:
         """The request's body: over the limit a 413, and one not sent as JSON a 400 naming its
         content type (after the size, as the engine checks them)."""
-        return (await self.receive_body(request)).result()
+        parts = await self.receive_body(request)
+        try:
+            return await finished(parts)
+        finally:
+            parts.close()
 
     async def receive_body(self, request: Request) -> BodyAssembler:
         """The request's body, all of it received, checked as ``read_body`` checks it, in an
@@ -263,7 +267,7 @@ class Gateway:
             tenant = self.authenticate(request)
             parts = await self.receive_body(request)
             try:
-                body = parts.finish()
+                body = await finished(parts)
                 parsed = await self.parse(path, body, parts.shared())
             finally:
                 parts.close()  # the worker has read a shared body by now

@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chatfleet.errors import PayloadTooLargeError
-from chatfleet.protocol.body_spool import SHARED_BODY_SCOPE_KEY, BodyAssembler
+from chatfleet.protocol.body_spool import SHARED_BODY_SCOPE_KEY, BodyAssembler, finished
 from chatfleet.protocol.errors import error_response
 from chatfleet.protocol.limits import DEFAULT_MAX_BODY_BYTES
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES, ReadPacer
@@ -82,7 +82,7 @@ class BodyLimitMiddleware:
             )
             await error_response(err)(scope, receive, send)
             return
-        body = body_parts.finish()
+        body = await finished(body_parts)  # a spooled body read back off the event loop
         shared = body_parts.shared()  # a spooled body, for a route that hands it to a worker
         if shared is not None:
             scope[SHARED_BODY_SCOPE_KEY] = shared
