@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -30,13 +29,11 @@ from pydantic import ValidationError
 
 from chatfleet.errors import InvalidRequestError
 from chatfleet.gateway.session import SessionKey, body_session
-from chatfleet.protocol.body_spool import SharedBody, body_bytes
+from chatfleet.protocol.body_spool import SharedBody, body_bytes, offered_by_name
 from chatfleet.protocol.errors import to_chatfleet_error
 from chatfleet.protocol.openai import ChatCompletionRequest, CompletionRequest
 from chatfleet.protocol.safe_json import MAX_DEPTH, parse_json_body
 from chatfleet.protocol.worker_priority import lower_cpu_priority
-
-log = logging.getLogger(__name__)
 
 ENDPOINTS: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
@@ -119,18 +116,17 @@ class BodyInspector:
         if len(body) < self.offload_bytes:
             return inspect_body(path, body)
         sent: bytes | SharedBody = shared if shared is not None else body
+        loop = asyncio.get_running_loop()
+
+        async def run(this: bytes | SharedBody) -> ParsedBody | BodyRejected:
+            return await loop.run_in_executor(await self._executor(), inspect_body, path, this)
+
         async with self._pending:
-            loop = asyncio.get_running_loop()
             try:
-                return await loop.run_in_executor(await self._executor(), inspect_body, path, sent)
+                return await offered_by_name(run, sent, lambda: body)
             except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh
                 self.close()
-                return await loop.run_in_executor(await self._executor(), inspect_body, path, sent)
-            except OSError as exc:  # the worker could not open the memory file (a locked-down /proc)
-                if sent is body:
-                    raise
-                log.warning("the body worker could not read a shared body (%s); sending its bytes", exc)
-                return await loop.run_in_executor(await self._executor(), inspect_body, path, body)
+                return await run(sent)
 
     async def _executor(self) -> ProcessPoolExecutor:
         pool = self._pool

@@ -30,10 +30,23 @@ end, also when an assembler is dropped unclosed (a request cancelled mid-read).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from chatfleet.protocol.read_pacing import LARGE_BODY_BYTES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _pread_whole(fd: int, size: int, where: str) -> bytes:
+    body = os.pread(fd, size, 0)
+    if len(body) != size:  # a memory file reads whole; anything else is a bug, said so
+        raise OSError(f"read {len(body)} of the body's {size} bytes from {where}")
+    return body
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,28 @@ class SharedBody:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (self.device, self.inode):
                 raise FileNotFoundError(f"the body's memory file {self.path} was closed")
-            body = os.pread(fd, self.size, 0)
+            return _pread_whole(fd, self.size, self.path)
         finally:
             os.close(fd)
-        if len(body) != self.size:
-            raise OSError(f"read {len(body)} of the body's {self.size} bytes from {self.path}")
-        return body
 
 
 def body_bytes(body: bytes | SharedBody) -> bytes:
     """The body's bytes, read from its memory file where it is shared."""
     return body if isinstance(body, bytes) else body.read()
+
+
+async def offered_by_name(call: Callable[[bytes | SharedBody], Awaitable[T]], body: bytes | SharedBody,
+                          fallback: Callable[[], bytes] | None = None) -> T:
+    """``call(body)`` (a worker's task); where ``body`` is shared and the worker could not open its
+    memory file (a locked-down ``/proc``), ``call`` again with the bytes: ``fallback()``, else read
+    here."""
+    try:
+        return await call(body)
+    except OSError as exc:
+        if isinstance(body, bytes):
+            raise
+        log.warning("a worker process could not read a shared body (%s); sending its bytes", exc)
+        return await call(fallback() if fallback is not None else body.read())
 
 
 # The ASGI scope key under which ``BodyLimitMiddleware`` passes the app a spooled body's
@@ -119,10 +143,7 @@ class BodyAssembler:
         if self._fd is None:
             chunks, self._chunks = self._chunks, []
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        body = os.pread(self._fd, self.size, 0)
-        if len(body) != self.size:  # a memory file reads whole; anything else is a bug, said so
-            raise OSError(f"read {len(body)} of the body's {self.size} bytes back from its memory file")
-        return body
+        return _pread_whole(self._fd, self.size, "its memory file")
 
     def shared(self) -> SharedBody | None:
         """The finished, spooled body as a reference for a worker process (None where the body

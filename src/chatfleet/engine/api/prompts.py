@@ -26,7 +26,7 @@ from chatfleet.engine.api.large_bodies import BodyLimits, Refused, judge_body
 from chatfleet.engine.api.serving import CompletionPrompt, completion_prompt, render_chat
 from chatfleet.engine.api.tokenize_process import TokenizerProcesses, TooManyTokens
 from chatfleet.errors import InvalidRequestError, RequestTooLongError
-from chatfleet.protocol.body_spool import SharedBody
+from chatfleet.protocol.body_spool import SharedBody, offered_by_name
 from chatfleet.protocol.openai import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -170,13 +170,8 @@ class PromptBuilder:
         assert self._processes is not None, "no tokenizing process (judges_bodies is false)"
         limits = BodyLimits(self.max_model_len, self.bound.max_chars if self.bound is not None else None,
                             self.max_model_len // self.message_tokens if self.message_tokens else None)
-        try:
-            out = await self._processes.run(judge_body, path, body, limits)
-        except OSError as exc:  # the worker could not open the memory file (a locked-down /proc)
-            if isinstance(body, bytes):
-                raise
-            log.warning("the tokenizing worker could not read a shared body (%s); sending its bytes", exc)
-            out = await self._processes.run(judge_body, path, body.read(), limits)
+        processes = self._processes
+        out = await offered_by_name(lambda sent: processes.run(judge_body, path, sent, limits), body)
         if isinstance(out, Refused):
             raise self._refusal(out)
         return out
