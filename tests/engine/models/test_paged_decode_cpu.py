@@ -79,10 +79,10 @@ def test_supports_only_what_it_implements():
 
 
 def test_the_build_is_cached_by_source_compiler_and_cpu():
-    cxx = pdc._compiler()
+    cxx = pdc.compiler()
     assert cxx is not None
-    first = pdc._build(cxx)
-    assert first.exists() and pdc._build(cxx) == first
+    first = pdc.build_library(cxx)
+    assert first.exists() and pdc.build_library(cxx) == first
 
 
 def test_loading_the_kernel_leaves_subnormals_alone():

@@ -68,16 +68,20 @@ def _cpu_signature() -> str:
     return "\n".join(keep)
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The C++ compiler the CPU kernels are built with (``$CXX``, else g++, c++ or clang++ on PATH)."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def _build(cxx: str) -> Path:
+def build_library(cxx: str, source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
+                  link_flags: tuple[str, ...] = LINK_FLAGS) -> Path:
+    """Build ``source`` into a shared library once (cached by a hash of the source, compiler,
+    flags and CPU) and return its path; OSError where the compiler fails."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join((SOURCE.read_text(), cxx, version, " ".join(FLAGS + LINK_FLAGS),
+    digest = hashlib.sha256("\n".join((source.read_text(), cxx, version, " ".join(flags + link_flags),
                                        _cpu_signature()))
                             .encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode_cpu-{digest}.so"
+    target = _cache_dir() / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +89,7 @@ def _build(cxx: str) -> Path:
     os.close(fd)
     obj = tmp[: -len(".so")] + ".o"
     try:
-        for argv in ([cxx, *FLAGS, "-c", "-o", obj, str(SOURCE)], [cxx, *LINK_FLAGS, "-o", tmp, obj]):
+        for argv in ([cxx, *flags, "-c", "-o", obj, str(source)], [cxx, *link_flags, "-o", tmp, obj]):
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
             if proc.returncode:
                 raise OSError(f"{cxx} failed: {proc.stderr.strip()[-500:]}")
@@ -106,12 +110,12 @@ def _load() -> ctypes.CDLL | None:
         if os.environ.get("CHATFLEET_NO_CPU_KERNEL"):
             log.info("paged decode C++ kernel disabled by CHATFLEET_NO_CPU_KERNEL: torch ops decode")
             return None
-        cxx = _compiler()
+        cxx = compiler()
         if cxx is None:
             log.info("no C++ compiler found: decode attention runs on torch ops")
             return None
         try:
-            lib = ctypes.CDLL(str(_build(cxx)))
+            lib = ctypes.CDLL(str(build_library(cxx)))
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("paged decode C++ kernel unavailable (%s): decode attention runs on torch ops", e)
             return None

@@ -22,6 +22,7 @@ from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
+from chatfleet.engine.models.qk_norm_rope import qk_norm_rope, rms_norm_then_scale
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -105,13 +106,6 @@ class RMSNorm(nn.Module):
         return rms_norm_then_scale(x, self.weight, self.eps)
 
 
-def rms_norm_then_scale(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Like transformers in every dtype: normalize (in float32 inside ``rms_norm`` for a 16-bit
-    ``x``), round to ``x``'s dtype, then scale by ``weight`` (which broadcasts over ``x``'s
-    trailing dims). Two ops, no explicit casts."""
-    return F.rms_norm(x, (x.shape[-1],), None, eps).mul_(weight)
-
-
 class Rotary:
     """cos and sign-folded sin tables for every position, built once (float32 math, like
     transformers): ``sin`` holds -sin on the first half of each row, so that
@@ -128,11 +122,6 @@ class Rotary:
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [T, 1, D]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` over x [T, H, D] with the tables of ``Rotary.lookup``."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), folded_sin)
 
 
 class Qwen3Attention(nn.Module):
@@ -165,8 +154,8 @@ class Qwen3Attention(nn.Module):
         if self.qk_norm_weight is None:
             self.fuse_qk_norms()
         assert self.qk_norm_weight is not None
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = apply_rope(rms_norm_then_scale(qk, self.qk_norm_weight, self.eps), cos, sin)
+        qk = qk_norm_rope(qkv, self.num_heads + self.num_kv_heads, self.head_dim, self.qk_norm_weight, cos, sin,
+                          self.eps)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.kv_observer is not None:
