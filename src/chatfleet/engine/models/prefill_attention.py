@@ -7,8 +7,10 @@ With a sliding ``window`` a query at position p sees only keys at p - window + 1
 rows multiplies only the keys up to its own last position (so about half the products of a full
 square), the ``g = Hq / Hkv`` query heads of one KV head are stacked into one matrix (one product
 per KV head, no copies of K/V per query head), and softmax is computed in float32: on CPU about
-1.4-2x faster than PyTorch's fused SDPA kernel, whose products go through MKL. With ``torch`` it
-calls ``F.scaled_dot_product_attention``.
+1.4-2x faster than PyTorch's fused SDPA kernel, whose products go through MKL. A bf16 chunk on a
+CPU with AMX takes ``chunk_attention_amx`` instead (one C++ pass per 16 query rows, the scores
+never leave L2; ~3x faster than the blocks on an AMX Xeon, and chunk-invariant by construction).
+With ``torch`` it calls ``F.scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from chatfleet.engine.models import chunk_attention_amx as amx
 from chatfleet.engine.models.linear import onednn_matmul_nt
 
 QUERY_BLOCK = 128  # query positions per block (best of 64..512 for 500- and 2,000-token prompts)
@@ -108,5 +111,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
     ``kernels``: a resolved kernel backend, ``onednn`` or ``torch``.
     """
     if kernels == "onednn":
+        if q.dtype == torch.bfloat16 and amx.takes(q, k, v, start, window, key_start):
+            return amx.chunk_attention_amx(q, k, v, start, scale)
         return _onednn_chunk_attention(q, k, v, start, scale, window, key_start)
     return _sdpa_chunk_attention(q, k, v, start, scale, window, key_start)

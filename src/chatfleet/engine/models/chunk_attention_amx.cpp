@@ -1,0 +1,287 @@
+// Causal attention of one bf16 prompt chunk over its sequence's keys and values with Intel AMX
+// tiles (see chunk_attention_amx.py for why and how it is built).
+//
+// q: [n, Hq, D] (positions start .. start+n-1), k, v: [Hkv, start+n, D] (positions 0 ..), all
+// bf16 bits with unit stride along D; out: [n, Hq, D] contiguous bf16. The g = Hq / Hkv query
+// heads of a KV head are its "columns": row r of a KV head is position r / g, head r % g, and the
+// rows are taken 16 at a time (one tile of columns). For each tile, per KV head:
+//   pass 1 (AMX): S^T[key][col] = K[key] . Q[col] for every key up to the tile's last position,
+//                 16 keys at a time, into a float32 buffer that stays in L2;
+//   softmax (AVX-512, one vector per key holds the 16 columns): m = max over visible keys,
+//                 e = exp(scale * (s - m)) (0 where not visible), l = sum of e in key order,
+//                 e rounded to bf16 in the pair layout AMX takes as its B operand;
+//   pass 2 (AMX): O^T[d][col] = sum over keys V^T[d][key] e[key][col], then O / l, rounded.
+// Every column's result depends only on its own query and on keys taken in fixed blocks from
+// position 0, never on which other rows share its tile: a chunk gives the same bits however the
+// prompt was cut into chunks (keys past a column's position add exact zeros).
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__)
+#define CF_HAVE_AMX 1
+#else
+#define CF_HAVE_AMX 0
+#endif
+
+namespace {
+
+constexpr int kCols = 16;     // columns (query rows) per tile
+constexpr int kKeys1 = 16;    // keys per pass-1 block (rows of the S^T tile)
+constexpr int kKeys2 = 32;    // keys per pass-2 block (the bf16 pairs of one B tile)
+constexpr int kMaxHeadDim = 256;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, like torch
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+#if CF_HAVE_AMX
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void configure_tiles() {  // every tile 16 rows x 64 bytes
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); inputs below -87 give ~1e-38, not 0.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+struct Shapes {
+  int64_t n, hq, hkv, d, d32, start, ctx, ctx32, g, rows, tiles;
+  float scale;
+};
+
+// One tile of 16 columns of KV head h. kp: [ctx32][d32] (zero-padded K of head h), vt: [d][ctx32]
+// (V^T of head h, zero-padded); qb, st, pb, ot: this thread's scratch.
+void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, int64_t q_st, int64_t q_sh,
+                 const uint16_t* kp, const uint16_t* vt, uint16_t* out, uint16_t* qb, float* st, uint16_t* pb,
+                 float* ot) {
+  const int64_t r0 = tile * kCols;
+  const int64_t r1 = std::min(s.rows, r0 + kCols);
+  alignas(64) int32_t pos[kCols];
+  for (int c = 0; c < kCols; ++c) pos[c] = r0 + c < r1 ? static_cast<int32_t>(s.start + (r0 + c) / s.g) : -1;
+  const int64_t pmin = s.start + r0 / s.g;
+  const int64_t kv_end = s.start + (r1 - 1) / s.g + 1;  // keys the tile's last column sees
+  const int64_t kv_end2 = round_up(kv_end, kKeys2);
+
+  // Q^T as AMX's B operand: qb[dh][pair][col][2] = Q[col][dh * 32 + 2 * pair + {0, 1}]
+  std::memset(qb, 0, sizeof(uint16_t) * s.d32 * kCols);
+  for (int c = 0; c < kCols; ++c) {
+    if (pos[c] < 0) continue;
+    const int64_t r = r0 + c;
+    const uint16_t* src = q + (r / s.g) * q_st + (h * s.g + r % s.g) * q_sh;
+    for (int64_t dd = 0; dd < s.d; ++dd)
+      qb[(dd / 32) * 512 + ((dd % 32) / 2) * 32 + c * 2 + (dd % 2)] = src[dd];
+  }
+
+  // pass 1: S^T, 16 keys per tile, and the running max over the keys each column sees (read back
+  // from L1 right after the tile is stored)
+  const __m512i posv = _mm512_load_si512(pos);
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  const int64_t nkb = (kv_end + kKeys1 - 1) / kKeys1;
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    _tile_zero(6);
+    for (int64_t dh = 0; dh < s.d32 / 32; ++dh) {
+      _tile_loadd(7, kp + kb * kKeys1 * s.d32 + dh * 32, static_cast<int>(s.d32 * 2));
+      _tile_loadd(5, qb + dh * 512, 64);
+      _tile_dpbf16ps(6, 7, 5);
+    }
+    float* block = st + kb * kKeys1 * kCols;
+    _tile_stored(6, block, 64);
+    const int64_t j0 = kb * kKeys1;
+    const int64_t j1 = std::min(kv_end, j0 + kKeys1);
+    for (int64_t j = j0; j < j1; ++j) {
+      const __m512 row = _mm512_loadu_ps(block + (j - j0) * kCols);
+      if (j <= pmin) {
+        m = _mm512_max_ps(m, row);
+      } else {
+        const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j)), posv);
+        m = _mm512_mask_max_ps(m, seen, m, row);
+      }
+    }
+  }
+
+  // softmax numerators, per column (lane)
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512 l = _mm512_setzero_ps();
+  for (int64_t j = 0; j < kv_end2; j += 2) {
+    __m512 e[2];
+    for (int t = 0; t < 2; ++t) {
+      const int64_t key = j + t;
+      if (key >= kv_end) {
+        e[t] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + key * kCols), m), scale);
+      if (key <= pmin) {  // every column sees it
+        e[t] = exp_nonpositive(x);
+      } else {
+        const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(key)), posv);
+        e[t] = _mm512_maskz_mov_ps(seen, exp_nonpositive(x));
+      }
+      l = _mm512_add_ps(l, e[t]);
+    }
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]);  // e0 low, e1 high
+    _mm512_storeu_si512(pb + j * kCols, _mm512_permutexvar_epi16(pair_index, both));
+  }
+
+  // pass 2: O^T = V^T E, up to 64 values of D (4 accumulator tiles) at a time
+  alignas(64) float inv[kCols];
+  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
+  const int vstride = static_cast<int>(s.ctx32 * 2);
+  for (int64_t d0 = 0; d0 < s.d; d0 += 64) {
+    const int64_t parts = std::min<int64_t>(4, (s.d - d0) / 16);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < kv_end2 / kKeys2; ++kb) {
+      _tile_loadd(5, pb + kb * kKeys2 * kCols, 64);
+      const uint16_t* a = vt + d0 * s.ctx32 + kb * kKeys2;
+      _tile_loadd(4, a, vstride);
+      _tile_dpbf16ps(0, 4, 5);
+      if (parts > 1) {
+        _tile_loadd(4, a + 16 * s.ctx32, vstride);
+        _tile_dpbf16ps(1, 4, 5);
+      }
+      if (parts > 2) {
+        _tile_loadd(4, a + 32 * s.ctx32, vstride);
+        _tile_dpbf16ps(2, 4, 5);
+      }
+      if (parts > 3) {
+        _tile_loadd(4, a + 48 * s.ctx32, vstride);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    }
+    _tile_stored(0, ot, 64);
+    if (parts > 1) _tile_stored(1, ot + 256, 64);
+    if (parts > 2) _tile_stored(2, ot + 512, 64);
+    if (parts > 3) _tile_stored(3, ot + 768, 64);
+    for (int c = 0; c < kCols; ++c) {
+      if (pos[c] < 0) continue;
+      const int64_t r = r0 + c;
+      uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + d0;
+      for (int64_t dd = 0; dd < parts * 16; ++dd) dst[dd] = float_to_bf16(ot[dd * kCols + c] * inv[c]);
+    }
+  }
+}
+
+#endif  // CF_HAVE_AMX
+
+}  // namespace
+
+// 0: AMX tiles usable in this process; 1: not built for AMX; 2: the kernel refused the permission.
+extern "C" int cf_amx_init() {
+#if CF_HAVE_AMX
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 ? 0 : 2;
+#else
+  return 1;
+#endif
+}
+
+// Returns 0, or a nonzero code for shapes it does not take (the caller checks them first).
+extern "C" int cf_chunk_attention_amx(const uint16_t* q, int64_t q_st, int64_t q_sh, const uint16_t* k,
+                                      int64_t k_sh, int64_t k_st, const uint16_t* v, int64_t v_sh, int64_t v_st,
+                                      uint16_t* out, int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t start,
+                                      float scale, int threads) {
+#if CF_HAVE_AMX
+  if (n <= 0 || hkv <= 0 || hq % hkv != 0 || d % 16 != 0 || d > kMaxHeadDim || start < 0) return 3;
+  Shapes s;
+  s.n = n;
+  s.hq = hq;
+  s.hkv = hkv;
+  s.d = d;
+  s.d32 = round_up(d, 32);
+  s.start = start;
+  s.ctx = start + n;
+  s.ctx32 = round_up(s.ctx, kKeys2);
+  s.g = hq / hkv;
+  s.rows = n * s.g;
+  s.tiles = (s.rows + kCols - 1) / kCols;
+  s.scale = scale;
+  if (threads < 1) threads = 1;
+
+  // K zero-padded to [ctx32][d32] and V^T to [d][ctx32], per KV head
+  std::vector<uint16_t> kp(static_cast<size_t>(hkv * s.ctx32 * s.d32), 0);
+  std::vector<uint16_t> vt(static_cast<size_t>(hkv * s.d * s.ctx32), 0);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t hb = 0; hb < hkv * (s.ctx32 / kKeys2); ++hb) {
+    const int64_t h = hb / (s.ctx32 / kKeys2);
+    const int64_t j0 = (hb % (s.ctx32 / kKeys2)) * kKeys2;
+    const int64_t j1 = std::min(s.ctx, j0 + kKeys2);
+    uint16_t* kh = kp.data() + h * s.ctx32 * s.d32;
+    uint16_t* vh = vt.data() + h * s.d * s.ctx32;
+    for (int64_t j = j0; j < j1; ++j) {
+      std::memcpy(kh + j * s.d32, k + h * k_sh + j * k_st, sizeof(uint16_t) * d);
+      const uint16_t* vr = v + h * v_sh + j * v_st;
+      for (int64_t dd = 0; dd < d; ++dd) vh[dd * s.ctx32 + j] = vr[dd];
+    }
+  }
+
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    configure_tiles();
+    std::vector<uint16_t> qb(static_cast<size_t>(s.d32 * kCols));
+    std::vector<float> st(static_cast<size_t>(s.ctx32 * kCols));
+    std::vector<uint16_t> pb(static_cast<size_t>(s.ctx32 * kCols));
+    alignas(64) float ot[64 * kCols];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < hkv * s.tiles; ++w) {
+      // the longest tiles (last rows: most keys) first, for the dynamic schedule
+      const int64_t h = w % hkv;
+      const int64_t tile = s.tiles - 1 - w / hkv;
+      attend_tile(s, h, tile, q, q_st, q_sh, kp.data() + h * s.ctx32 * s.d32, vt.data() + h * s.d * s.ctx32,
+                  out, qb.data(), st.data(), pb.data(), ot);
+    }
+    _tile_release();
+  }
+  return 0;
+#else
+  (void)q; (void)q_st; (void)q_sh; (void)k; (void)k_sh; (void)k_st; (void)v; (void)v_sh; (void)v_st;
+  (void)out; (void)n; (void)hq; (void)hkv; (void)d; (void)start; (void)scale; (void)threads;
+  return 1;
+#endif
+}
