@@ -23,6 +23,7 @@ from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.engine.models.qk_norm_rope import qk_norm_rope, rms_norm_then_scale
+from chatfleet.engine.models.row_buckets import padded_rows
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -148,16 +149,19 @@ class Qwen3Attention(nn.Module):
         self.qk_norm_weight = torch.cat((q_w.expand(self.num_heads, -1), k_w.expand(self.num_kv_heads, -1)))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
-        t = x.shape[0]
+                meta: AttentionMetadata | None, cache: KVCache | None, tokens: int | None = None) -> torch.Tensor:
+        """x: [rows, hidden], of which the first ``tokens`` (default: all) are the step's tokens and
+        the rest padding (``row_buckets``): only the tokens attend and reach the cache."""
+        rows = x.shape[0]
+        t = rows if tokens is None else tokens
         qkv = self.qkv_proj(x)
         if self.qk_norm_weight is None:
             self.fuse_qk_norms()
         assert self.qk_norm_weight is not None
         qk = qk_norm_rope(qkv, self.num_heads + self.num_kv_heads, self.head_dim, self.qk_norm_weight, cos, sin,
                           self.eps)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        q, k = qk[:t, : self.num_heads], qk[:t, self.num_heads :]
+        v = qkv[:t, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.kv_observer is not None:
             self.kv_observer(k, v)
         if meta is None:
@@ -165,6 +169,11 @@ class Qwen3Attention(nn.Module):
         else:
             assert cache is not None
             out = paged_attention(q, k, v, cache, meta, self.scale, self.kernels)
+        if rows > t:  # o_proj runs over the padded rows too (zeros there)
+            padded = out.new_empty(rows, self.q_size)
+            padded[:t] = out.reshape(t, self.q_size)
+            padded[t:] = 0
+            return self.o_proj(padded)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -189,9 +198,9 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata | None, cache: KVCache | None) -> torch.Tensor:
+                meta: AttentionMetadata | None, cache: KVCache | None, tokens: int | None = None) -> torch.Tensor:
         # The sublayers' outputs are fresh tensors: the residual adds go into them.
-        x = self.self_attn(self.input_layernorm(x), cos, sin, meta, cache).add_(x)
+        x = self.self_attn(self.input_layernorm(x), cos, sin, meta, cache, tokens).add_(x)
         return self.mlp(self.post_attention_layernorm(x)).add_(x)
 
 
@@ -233,12 +242,16 @@ class Qwen3ForCausalLM(nn.Module):
         if self.rotary is None:
             self.init_rotary()
         assert self.rotary is not None
+        tokens = input_ids.shape[0]
+        rows = padded_rows(tokens) if self.kernels == "onednn" else tokens
+        if rows > tokens:  # row-wise work on a bucketed row count; padding rows are token 0 at position 0
+            input_ids, positions = F.pad(input_ids, (0, rows - tokens)), F.pad(positions, (0, rows - tokens))
         cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             cache = kv_caches[i] if kv_caches is not None else None
-            x = layer(x, cos, sin, attn_metadata, cache)
-        return self.norm(x)
+            x = layer(x, cos, sin, attn_metadata, cache, tokens)
+        return self.norm(x[:tokens])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         table = self.lm_head if self.lm_head is not None else self.embed_tokens
