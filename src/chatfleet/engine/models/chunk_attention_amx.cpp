@@ -67,21 +67,20 @@ void configure_tiles() {  // every tile 16 rows x 64 bytes
   _tile_loadconfig(&cfg);
 }
 
-// exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); inputs below -87 give ~1e-38, not 0.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+// 2^x for x <= 0: 2^round(x) * 2^f with f in [-1/2, 1/2] by its Taylor polynomial of degree 5
+// (relative error < 3e-6: the numerators are rounded to bf16, 4e-3, before they are used). Inputs
+// below -100 give ~2^-100 (a numerator next to the maximum's 1), never a subnormal: subnormal
+// arithmetic takes microcode assists, several times slower.
+inline __m512 exp2_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.3333558146e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -104,44 +103,75 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
   const int64_t kv_end2 = round_up(kv_end, kKeys2);
 
   // Q^T as AMX's B operand: qb[dh][pair][col][2] = Q[col][dh * 32 + 2 * pair + {0, 1}]
+  // (a pair of bf16 is one 32-bit word: word w of a query row goes to qb32[w * 16 + col])
   std::memset(qb, 0, sizeof(uint16_t) * s.d32 * kCols);
+  uint32_t* qb32 = reinterpret_cast<uint32_t*>(qb);
   for (int c = 0; c < kCols; ++c) {
     if (pos[c] < 0) continue;
     const int64_t r = r0 + c;
     const uint16_t* src = q + (r / s.g) * q_st + (h * s.g + r % s.g) * q_sh;
-    for (int64_t dd = 0; dd < s.d; ++dd)
-      qb[(dd / 32) * 512 + ((dd % 32) / 2) * 32 + c * 2 + (dd % 2)] = src[dd];
+    for (int64_t w = 0; w < s.d / 2; ++w) {
+      uint32_t word;
+      std::memcpy(&word, src + 2 * w, sizeof word);
+      qb32[w * kCols + c] = word;
+    }
   }
 
-  // pass 1: S^T, 16 keys per tile, and the running max over the keys each column sees (read back
-  // from L1 right after the tile is stored)
+  // pass 1: S^T, 16 keys per tile, four tiles at a time (independent accumulators tmm4-7, so the
+  // products overlap); Q^T stays in tmm0 (and tmm1) when D <= 64. Then the running max over the
+  // keys each column sees, read back from L1 right after the tiles are stored.
   const __m512i posv = _mm512_load_si512(pos);
   __m512 m = _mm512_set1_ps(-INFINITY);
   const int64_t nkb = (kv_end + kKeys1 - 1) / kKeys1;
-  for (int64_t kb = 0; kb < nkb; ++kb) {
+  const int64_t nd = s.d32 / 32;
+  const int kstride = static_cast<int>(s.d32 * 2);
+  _tile_loadd(0, qb, 64);
+  if (nd == 2) _tile_loadd(1, qb + 512, 64);
+  for (int64_t kb = 0; kb < nkb; kb += 4) {
+    const int64_t blocks = std::min<int64_t>(4, nkb - kb);
+    _tile_zero(4);
+    _tile_zero(5);
     _tile_zero(6);
-    for (int64_t dh = 0; dh < s.d32 / 32; ++dh) {
-      _tile_loadd(7, kp + kb * kKeys1 * s.d32 + dh * 32, static_cast<int>(s.d32 * 2));
-      _tile_loadd(5, qb + dh * 512, 64);
-      _tile_dpbf16ps(6, 7, 5);
+    _tile_zero(7);
+    for (int64_t dh = 0; dh < nd; ++dh) {
+      if (nd > 2) _tile_loadd(0, qb + dh * 512, 64);
+      const bool high = nd == 2 && dh == 1;
+      const uint16_t* kd = kp + kb * kKeys1 * s.d32 + dh * 32;
+#define CF_SCORES(ACC, KT, I)                                  \
+      if ((I) < blocks) {                                      \
+        _tile_loadd(KT, kd + (I) * kKeys1 * s.d32, kstride);   \
+        if (high) {                                            \
+          _tile_dpbf16ps(ACC, KT, 1);                          \
+        } else {                                               \
+          _tile_dpbf16ps(ACC, KT, 0);                          \
+        }                                                      \
+      }
+      CF_SCORES(4, 2, 0)
+      CF_SCORES(5, 3, 1)
+      CF_SCORES(6, 2, 2)
+      CF_SCORES(7, 3, 3)
+#undef CF_SCORES
     }
     float* block = st + kb * kKeys1 * kCols;
-    _tile_stored(6, block, 64);
+    _tile_stored(4, block, 64);
+    if (blocks > 1) _tile_stored(5, block + 256, 64);
+    if (blocks > 2) _tile_stored(6, block + 512, 64);
+    if (blocks > 3) _tile_stored(7, block + 768, 64);
     const int64_t j0 = kb * kKeys1;
-    const int64_t j1 = std::min(kv_end, j0 + kKeys1);
-    for (int64_t j = j0; j < j1; ++j) {
-      const __m512 row = _mm512_loadu_ps(block + (j - j0) * kCols);
-      if (j <= pmin) {
-        m = _mm512_max_ps(m, row);
-      } else {
-        const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j)), posv);
-        m = _mm512_mask_max_ps(m, seen, m, row);
-      }
+    const int64_t j1 = std::min(kv_end, j0 + blocks * kKeys1);
+    const int64_t full = std::min(j1, pmin + 1);  // rows every column sees
+    int64_t j = j0;
+    for (; j < full; ++j) m = _mm512_max_ps(m, _mm512_loadu_ps(st + j * kCols));
+    for (; j < j1; ++j) {
+      const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j)), posv);
+      m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + j * kCols));
     }
   }
 
   // softmax numerators, per column (lane)
-  const __m512 scale = _mm512_set1_ps(s.scale);
+  // e = exp(scale * (s - m)) = 2^(s * c - m * c), c = scale * log2(e): one fused multiply-subtract
+  const __m512 c = _mm512_set1_ps(s.scale * 1.44269504088896341f);
+  const __m512 mc = _mm512_mul_ps(m, c);
   const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 l = _mm512_setzero_ps();
@@ -153,12 +183,12 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
         e[t] = _mm512_setzero_ps();
         continue;
       }
-      const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(st + key * kCols), m), scale);
+      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(st + key * kCols), c, mc);
       if (key <= pmin) {  // every column sees it
-        e[t] = exp_nonpositive(x);
+        e[t] = exp2_nonpositive(x);
       } else {
         const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(key)), posv);
-        e[t] = _mm512_maskz_mov_ps(seen, exp_nonpositive(x));
+        e[t] = _mm512_maskz_mov_ps(seen, exp2_nonpositive(x));
       }
       l = _mm512_add_ps(l, e[t]);
     }
@@ -182,12 +212,12 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
       _tile_loadd(4, a, vstride);
       _tile_dpbf16ps(0, 4, 5);
       if (parts > 1) {
-        _tile_loadd(4, a + 16 * s.ctx32, vstride);
-        _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(6, a + 16 * s.ctx32, vstride);
+        _tile_dpbf16ps(1, 6, 5);
       }
       if (parts > 2) {
-        _tile_loadd(4, a + 32 * s.ctx32, vstride);
-        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(7, a + 32 * s.ctx32, vstride);
+        _tile_dpbf16ps(2, 7, 5);
       }
       if (parts > 3) {
         _tile_loadd(4, a + 48 * s.ctx32, vstride);
