@@ -22,8 +22,9 @@ from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
-from chatfleet.engine.models.qk_norm_rope import qk_norm_rope, rms_norm_then_scale
+from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
 from chatfleet.engine.models.row_buckets import padded_rows
+from chatfleet.engine.models.row_ops import rms_norm, silu_and_mul
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -102,9 +103,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return rms_norm_then_scale(x, self.weight, self.eps)
+        # Like transformers (float32: one rms_norm; 16 bits: normalized in float32, rounded, then
+        # scaled), as one C++ pass where it builds (row_ops.py), else as those torch ops.
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Rotary:
@@ -185,8 +186,8 @@ class Qwen3MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        # silu(gate) * up, as one C++ pass where it builds (row_ops.py), else as the torch ops.
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.intermediate_size))
 
 
 class Qwen3DecoderLayer(nn.Module):
