@@ -7,7 +7,7 @@ KV budget, in one run: the knee (live chats within the SLO) and goodput of
 - each technique alone: ``host_tier``, ``session_eviction``, ``lpm``, ``cap``;
 - ``all``: every technique together;
 - ``vllm``: vLLM's CPU build with its defaults at the same device budget and dtype
-  (``--kv-cache-memory-bytes``, ``--dtype float32``; skipped when not installed).
+  (``--kv-cache-memory-bytes``, ``--dtype`` as ours; skipped when not installed).
 
 Then the returning-turn probe: a long conversation is evicted from the device by others, and
 its next turn's TTFT is measured with a host tier (reloaded) and without (recomputed), side by
@@ -16,7 +16,8 @@ side; and the 24-session eviction replay's target (``eviction_replay.py``).
     python benchmarks/capacity.py --vllm-python benchmarks/.venv-vllm/bin/python
     python benchmarks/capacity.py --series stock,all --duration 6 --max-points 4
 
-Defaults (each a flag): ``small`` in float32 with 1 thread per engine; a device KV budget of
+Defaults (each a flag): ``small`` in float32 (``--dtype bfloat16`` pins bf16 for every series,
+vLLM's included) with 1 thread per engine; a device KV budget of
 6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; 8 to 64
 chats in at most 6 points; the tuned series' cap at 8 running requests (about what that pool
 holds at once) and a 1 GiB host tier (every live chat's history at the knee);
@@ -60,6 +61,7 @@ from chatfleet.bench.report import sweep_to_dict, write_json  # noqa: E402
 from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
 from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args  # noqa: E402
 from eviction_replay import target_check  # noqa: E402  (same folder)
+from machine import describe_machine, load_average  # noqa: E402  (same folder)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SERIES = ("vllm", "stock", "host_tier", "session_eviction", "lpm", "cap", "all")
@@ -77,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo", default="ttft_p95<=2s,itl_p95<=500ms")
     p.add_argument("--kv-cache-tokens", type=int, default=6144, help="Device KV budget.")
     p.add_argument("--threads", type=int, default=1, help="Threads per engine (the machine is shared).")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="Pinned for every series, vLLM's included (bfloat16 where the CPU has it natively).")
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=8.0)
     p.add_argument("--start", type=int, default=8)
@@ -94,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def series_specs(args: argparse.Namespace, model_dir: Path, settings: TechniqueSettings) -> list[SeriesSpec]:
-    pool = ("--kv-cache-tokens", str(args.kv_cache_tokens))
+    pool = ("--kv-cache-tokens", str(args.kv_cache_tokens), "--dtype", args.dtype)
     wanted = [s.strip() for s in args.series.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SERIES]
     if unknown:
@@ -103,8 +107,9 @@ def series_specs(args: argparse.Namespace, model_dir: Path, settings: TechniqueS
     for name in wanted:
         if name == "vllm":
             try:
-                out.append(SeriesSpec.vllm("vllm", model_dir, kv_budget_bytes(model_dir, args.kv_cache_tokens),
-                                           args.kv_cache_tokens, args.threads, args.vllm_python))
+                out.append(SeriesSpec.vllm("vllm", model_dir,
+                                           kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype),
+                                           args.kv_cache_tokens, args.threads, args.vllm_python, args.dtype))
             except Exception as e:  # not installed: said in the table, not fatal
                 print(f"skip vllm: {e}", file=sys.stderr)
             continue
@@ -180,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
                      duration_s=args.duration, warmup_s=args.warmup, start=args.start, max_level=args.max_level,
                      max_points=args.max_points, repeats=args.repeats, seed=args.seed,
                      kv_cache_tokens=args.kv_cache_tokens, techniques=settings, out_dir=run_dir)
-    budget = kv_budget_bytes(model_dir, args.kv_cache_tokens)
-    con.print(f"device KV budget {args.kv_cache_tokens:,} tokens ({budget / 2**20:.1f} MiB float32), profile "
+    budget = kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype)
+    con.print(f"device KV budget {args.kv_cache_tokens:,} tokens ({budget / 2**20:.1f} MiB {args.dtype}), profile "
               f"{cfg.describe_profile()}, SLO {args.slo}, {args.threads} thread(s) per engine")
     specs = series_specs(args, model_dir, settings)
+    machine = describe_machine(args.threads)
+    load_at_start = load_average()
     sweeps, failed = {}, {}
     for s in specs:
         t0 = time.monotonic()
@@ -205,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                         "hit_rate": (knee_pt.intervals["hit_rate"].mean if knee_pt and "hit_rate" in knee_pt.intervals
                                      else None)}
     # Returning turn: host tier (reload) vs none (recompute), same budget, side by side.
-    pool = ("--kv-cache-tokens", str(args.kv_cache_tokens))
+    pool = ("--kv-cache-tokens", str(args.kv_cache_tokens), "--dtype", args.dtype)
     probe = {}
     host = engine_args(("host_tier",), settings, pool)
     if not host.missing:
@@ -221,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = _targets(rows, speedup, replay_target)
     for t in targets:
         con.print(f"target {t['name']}: {t['value']} (want {t['want']}): {'met' if t['met'] else 'MISSED'}")
-    doc = {"benchmark": "capacity", "created_unix": time.time(), "argv": sys.argv[1:],
+    doc = {"benchmark": "capacity", "created_unix": time.time(), "argv": sys.argv[1:], "machine": machine,
+           "load_average": {"start": load_at_start, "end": load_average()},
            "settings": {**vars(args), "vllm_python": str(args.vllm_python), "out": str(args.out),
                         "kv_budget_bytes": budget, "techniques": asdict(settings)},
            "series_args": {s.name: s.describe() for s in specs}, "failed": failed, "rows": rows, "probe": probe,
