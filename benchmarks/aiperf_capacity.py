@@ -1,8 +1,8 @@
 """Capacity at one device KV budget as an outside client sees it: AIPerf's multi-turn mode.
 
 The same comparison as ``capacity.py`` (ours with every technique against vLLM's CPU build, same
-device KV budget, dtype pinned to float32, one thread each), driven by AIPerf 0.13 instead of the
-project's own load generator:
+device KV budget, dtype pinned: float32 unless ``--dtype bfloat16``, one thread each), driven by
+AIPerf 0.13 instead of the project's own load generator:
 
 1. A multi-turn dataset in AIPerf's ``multi_turn`` JSONL format, written from the project's own
    role-play workload (``chatfleet.bench.workload``: the long-session profile's personas with
@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo", default="ttft_p95<=2s,itl_p95<=500ms")
     p.add_argument("--kv-cache-tokens", type=int, default=6144, help="Device KV budget.")
     p.add_argument("--threads", type=int, default=1, help="Threads per server.")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="Pinned for every server, vLLM's included (bfloat16 where the CPU has it natively).")
     p.add_argument("--max-running", type=int, default=8, help="The `all` series' cap (as capacity.py).")
     p.add_argument("--host-cache-memory", default="1GiB", help="The `all` series' host tier (as capacity.py).")
     p.add_argument("--seed", type=int, default=0)
@@ -344,9 +346,9 @@ def reset_prefix_cache(url: str) -> str:
 
 def series_spec(name: str, args: argparse.Namespace, model_dir: Path) -> SeriesSpec:
     if name == "vllm":
-        return SeriesSpec.vllm("vllm", model_dir, kv_budget_bytes(model_dir, args.kv_cache_tokens),
-                               args.kv_cache_tokens, args.threads, args.vllm_python, dtype="float32")
-    base = ("--kv-cache-tokens", str(args.kv_cache_tokens), "--dtype", "float32")
+        return SeriesSpec.vllm("vllm", model_dir, kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype),
+                               args.kv_cache_tokens, args.threads, args.vllm_python, dtype=args.dtype)
+    base = ("--kv-cache-tokens", str(args.kv_cache_tokens), "--dtype", args.dtype)
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
     return SeriesSpec.chatfleet(name, args.model, engine_args(TECHNIQUES if name == "all" else (), settings, base),
                                 args.threads)
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe_machine(args.threads)
     load_start = load_average()
     con.print(f"{machine['cpu_model']} ({', '.join(f for f, on in machine['flags'].items() if on)}), load "
-              f"{load_start}; KV budget {args.kv_cache_tokens:,} tokens, float32, {args.threads} thread(s); "
+              f"{load_start}; KV budget {args.kv_cache_tokens:,} tokens, {args.dtype}, {args.threads} thread(s); "
               f"{args.profile} (mean pause {args.pause_mean:g} s); SLO {slo}; users {levels}, {args.duration:g} s each")
     history = None
     if not args.skip_history_check:
@@ -441,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     _print(con, results, ratios, slo)
     doc = {"benchmark": "aiperf_capacity", "created_unix": time.time(), "argv": sys.argv[1:],
            "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                        "kv_budget_bytes": kv_budget_bytes(model_dir, args.kv_cache_tokens), "levels": levels,
-                        "profile": args.profile, "dtype": "float32"},
+                        "kv_budget_bytes": kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype),
+                        "levels": levels, "profile": args.profile, "dtype": args.dtype},
            "machine": machine, "load_average_start": load_start, "load_average_end": load_end,
            "versions": versions(args), "history_check": history, "failed": failed, "series": results,
            "knees": {n: r["knee"] for n, r in results.items()}, "knee_ratios": ratios}
