@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from chatfleet.engine.models.dtype import cpu_flags
 from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,7 @@ _tried = False
 
 def cpu_has_amx() -> bool:
     """Whether this CPU's flags (``/proc/cpuinfo``) name AMX tiles with bf16."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = cpu_flags()
     return "amx_bf16" in flags and "amx_tile" in flags and "avx512_bf16" in flags
 
 
