@@ -1,0 +1,112 @@
+"""Causal attention of a float32 prompt chunk with AVX-512, in one C++ pass per tile of 32 query
+rows (``chunk_attention_avx512.cpp``), where the CPU has AVX-512.
+
+Why hand-written: the ``onednn`` path (``prefill_attention``) runs each block of query rows as two
+oneDNN products with the scores materialized between them and ``softmax`` over them. On an Intel
+Xeon without AMX (family 6 model 207, AVX-512, one thread) a 2,000-token float32 prefill of
+``small`` took ~1,150 ms, of which the linears (at the machine's float32 peak, 155 GFLOP/s) ~650 ms
+and attention ~440 ms: the products ~330 ms (about half the peak) and ``softmax`` ~107 ms. Here the
+scores of a 32-row tile stay in L2 (128 bytes per key), both products run as fused multiply-adds
+with one operand broadcast, and softmax runs with one vector per key for 16 rows. At a chat's
+5,000-plus tokens attention is about half of a prefill's work, so this is where a long prompt's
+time goes. PyTorch's fused SDPA kernel does not give the same bits when a prompt is cut into other
+chunks; here every query row's result depends only on its own query and on its keys in order from
+position 0, so chunking never changes a bit (as ``chunk_attention_amx`` for bf16).
+
+Takes float32 q [n, Hq, D] and k, v [Hkv, start + n, D] (keys from position 0, no sliding window),
+D in HEAD_DIMS, unit stride along D. Built like the other CPU kernels (``build_library``) and only
+on a CPU whose flags name ``avx512f``; ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+from chatfleet.engine.models.dtype import cpu_flags
+from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("chunk_attention_avx512.cpp")
+FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
+LINK_FLAGS = ("-shared", "-fopenmp")
+HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 192, 256)  # the ones compiled with D fixed
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def cpu_has_avx512() -> bool:
+    """Whether this CPU's flags (``/proc/cpuinfo``) name AVX-512 Foundation."""
+    return "avx512f" in cpu_flags()
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _tried
+    with _lock:
+        if _tried:
+            return _lib
+        _tried = True
+        if os.environ.get("CHATFLEET_NO_CPU_KERNEL") or not cpu_has_avx512():
+            return None
+        cxx = compiler()
+        if cxx is None:
+            return None
+        try:
+            lib = ctypes.CDLL(str(build_library(cxx, SOURCE, FLAGS, LINK_FLAGS)))
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("AVX-512 chunk attention kernel unavailable (%s): prompt chunks take the oneDNN blocks", e)
+            return None
+        lib.cf_avx512_built.restype = ctypes.c_int
+        if lib.cf_avx512_built():
+            log.warning("AVX-512 chunk attention kernel unavailable (built without AVX-512): "
+                        "prompt chunks take the oneDNN blocks")
+            return None
+        fn = lib.cf_chunk_attention_avx512
+        fn.restype = ctypes.c_int
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
+                       ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+        _lib = lib
+        return lib
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded here (builds it on first call)."""
+    return _load() is not None
+
+
+def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
+          key_start: int) -> bool:
+    """Whether these operands fit the kernel (and it is available)."""
+    n, hq, d = q.shape
+    hkv = k.shape[0]
+    return (window is None and key_start == 0 and q.device.type == "cpu" and n > 0
+            and all(t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1 for t in (q, k, v))
+            and d in HEAD_DIMS and hkv > 0 and hq % hkv == 0
+            and k.shape == v.shape == (hkv, start + n, d) and available())
+
+
+def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                           scale: float) -> torch.Tensor:
+    """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n, D]
+    (positions 0..start+n-1): [n, Hq, D] float32. Call only where ``takes`` holds."""
+    lib = _load()
+    assert lib is not None
+    n, hq, d = q.shape
+    hkv = k.shape[0]
+    out = torch.empty(n, hq, d, dtype=torch.float32)
+    rc = lib.cf_chunk_attention_avx512(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0),
+                                       k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), n, hq,
+                                       hkv, d, start, scale, torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"AVX-512 chunk attention kernel refused the shapes (code {rc})")
+    return out

@@ -1,0 +1,94 @@
+"""The AVX-512 float32 chunk attention kernel against float64 attention of the same operands (the
+outside oracle), and its chunk invariance: a prompt cut into any chunks gives the same bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chatfleet.engine.models import chunk_attention_avx512 as m
+from chatfleet.engine.models.prefill_attention import chunk_attention
+
+pytestmark = pytest.mark.skipif(not m.available(), reason="no AVX-512 on this CPU (or no C++ compiler)")
+
+
+def _operands(n: int, start: int, hq: int, hkv: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, hq, d, generator=g) * 2
+    k = torch.randn(hkv, start + n, d, generator=g) * 2
+    v = torch.randn(hkv, start + n, d, generator=g)
+    return q, k, v
+
+
+def _float64_reference(q, k, v, start: int, scale: float) -> torch.Tensor:
+    n = q.shape[0]
+    pos = torch.arange(start, start + n)
+    mask = torch.arange(start + n)[None, :] <= pos[:, None]
+    out = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k.double()[None], v.double()[None],
+                                         attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def _close_to_reference(got: torch.Tensor, want: torch.Tensor) -> None:
+    # float32 products and exp: a few float32 ulps of the output's scale (the oneDNN blocks: the same)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert (got.double() - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("n,start,hq,hkv,d", [(1, 0, 1, 1, 64), (1, 40, 8, 2, 64), (7, 0, 4, 2, 48),
+                                              (37, 5, 8, 2, 64), (300, 100, 8, 2, 64), (129, 0, 4, 4, 128),
+                                              (50, 33, 16, 2, 80), (33, 3, 6, 3, 112), (17, 0, 2, 1, 256),
+                                              (40, 0, 4, 1, 192), (64, 0, 8, 8, 16), (9, 20, 5, 1, 96)])
+def test_the_kernel_matches_float64_attention(n, start, hq, hkv, d):
+    q, k, v = _operands(n, start, hq, hkv, d, n + start + d)
+    scale = d**-0.5
+    assert m.takes(q, k, v, start, None, 0)
+    _close_to_reference(m.chunk_attention_avx512(q, k, v, start, scale), _float64_reference(q, k, v, start, scale))
+
+
+def test_large_scores_and_a_long_context_stay_accurate():
+    # scores far apart (exp underflow for most keys) and 1,500 keys: softmax's maximum and sum per row
+    q, k, v = _operands(200, 1300, 8, 2, 64, 11)
+    q = q * 8
+    _close_to_reference(m.chunk_attention_avx512(q, k, v, 1300, 0.125), _float64_reference(q, k, v, 1300, 0.125))
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(1, 70), min_size=1, max_size=6), group=st.sampled_from([1, 2, 3, 4, 8]),
+       d=st.sampled_from([16, 48, 64, 128]), seed=st.integers(0, 2**16))
+def test_chunking_never_changes_a_bit(cuts, group, d, seed):
+    n = sum(cuts)
+    q, k, v = _operands(n, 0, 2 * group, 2, d, seed)
+    whole = m.chunk_attention_avx512(q, k, v, 0, d**-0.5)
+    pieces, s = [], 0
+    for c in cuts:
+        pieces.append(m.chunk_attention_avx512(q[s : s + c], k[:, : s + c], v[:, : s + c], s, d**-0.5))
+        s += c
+    assert torch.equal(torch.cat(pieces), whole)
+
+
+def test_strided_operands_as_the_engine_passes_them():
+    # q a slice of the fused q|k heads, k/v [Hkv, T, D] views of [T, Hkv, D] rows (the first chunk)
+    g = torch.Generator().manual_seed(3)
+    qk = torch.randn(90, 10, 64, generator=g)
+    kv_rows = torch.randn(90, 2, 64, generator=g)
+    q, k, v = qk[:, :8], qk[:, 8:].transpose(0, 1), kv_rows.transpose(0, 1)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    got = m.chunk_attention_avx512(q, k, v, 0, 0.125)
+    assert torch.equal(got, m.chunk_attention_avx512(q.contiguous(), k.contiguous(), v.contiguous(), 0, 0.125))
+    _close_to_reference(got, _float64_reference(q, k, v, 0, 0.125))
+
+
+def test_the_onednn_backend_routes_float32_chunks_here_and_the_rest_to_the_blocks():
+    q, k, v = _operands(40, 8, 8, 2, 64, 1)
+    assert torch.equal(chunk_attention(q, k, v, 8, 0.125, "onednn"), m.chunk_attention_avx512(q, k, v, 8, 0.125))
+    assert not m.takes(q, k, v, 8, 16, 0)  # a sliding window
+    assert not m.takes(q, k[:, 8:], v[:, 8:], 8, None, 8)  # keys not from position 0
+    assert not m.takes(q.bfloat16(), k.bfloat16(), v.bfloat16(), 8, None, 0)  # bf16
+    assert not m.takes(q[..., :40], k[..., :40], v[..., :40], 8, None, 0)  # head dim not compiled
+    windowed = chunk_attention(q, k, v, 8, 0.125, "onednn", window=16)
+    assert windowed.dtype == torch.float32 and windowed.shape == q.shape
+    _close_to_reference(chunk_attention(q, k, v, 8, 0.125, "torch"), _float64_reference(q, k, v, 8, 0.125))
