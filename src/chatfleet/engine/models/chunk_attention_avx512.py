@@ -103,6 +103,10 @@ def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
     assert lib is not None
     n, hq, d = q.shape
     hkv = k.shape[0]
+    # Keys and values as the engine passes them are views of wider rows (k: of the q|k heads, v: of
+    # q|k|v), one 256-byte row every 2.5-3 KB: a compact copy (0.2 ms for 2,000 tokens) makes pass 1
+    # and 2 read each head's keys from L2 in order, 47 -> 32 ms for 2,000 tokens here.
+    k, v = k.contiguous(), v.contiguous()
     out = torch.empty(n, hq, d, dtype=torch.float32)
     rc = lib.cf_chunk_attention_avx512(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0),
                                        k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), n, hq,
