@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from chatfleet.engine.models import paged_decode_cpu as pdc
+from chatfleet.engine.models.cpu_kernel_build import build_library, compiler
 from chatfleet.engine.models.decode_attention import build_decode_groups, decode_attention
 
 pytestmark = pytest.mark.skipif(not pdc.available(), reason="no C++ compiler: the kernel cannot be built here")
@@ -79,10 +80,10 @@ def test_supports_only_what_it_implements():
 
 
 def test_the_build_is_cached_by_source_compiler_and_cpu():
-    cxx = pdc.compiler()
+    cxx = compiler()
     assert cxx is not None
-    first = pdc.build_library(cxx)
-    assert first.exists() and pdc.build_library(cxx) == first
+    first = build_library(cxx, pdc.SOURCE, pdc.FLAGS, pdc.LINK_FLAGS)
+    assert first.exists() and build_library(cxx, pdc.SOURCE, pdc.FLAGS, pdc.LINK_FLAGS) == first
 
 
 def test_loading_the_kernel_leaves_subnormals_alone():

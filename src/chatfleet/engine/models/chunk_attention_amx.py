@@ -14,34 +14,24 @@ vector per key, and both products run on AMX tiles.
 
 Takes bf16 q [n, Hq, D], k, v [Hkv, start + n, D] (keys from position 0, no sliding window), D a
 multiple of 16 up to 256, unit stride along D. Built like the other CPU kernels
-(``paged_decode_cpu.build_library``) and only on a CPU whose flags name ``amx_bf16``;
+(``cpu_kernel_build``) and only on a CPU whose flags name ``amx_bf16``;
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
-import threading
 from pathlib import Path
 
 import torch
 
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.dtype import cpu_flags
-from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("chunk_attention_amx.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 MAX_HEAD_DIM = 256
-
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
 def cpu_has_amx() -> bool:
@@ -50,40 +40,27 @@ def cpu_has_amx() -> bool:
     return "amx_bf16" in flags and "amx_tile" in flags and "avx512_bf16" in flags
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("CHATFLEET_NO_CPU_KERNEL") or not cpu_has_amx():
-            return None
-        cxx = compiler()
-        if cxx is None:
-            return None
-        try:
-            lib = ctypes.CDLL(str(build_library(cxx, SOURCE, FLAGS, LINK_FLAGS)))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("AMX chunk attention kernel unavailable (%s): prompt chunks take the oneDNN blocks", e)
-            return None
-        lib.cf_amx_init.restype = ctypes.c_int
-        rc = lib.cf_amx_init()
-        if rc:
-            log.warning("AMX chunk attention kernel unavailable (%s): prompt chunks take the oneDNN blocks",
-                        "built without AMX" if rc == 1 else "the OS refused AMX tile state")
-            return None
-        fn = lib.cf_chunk_attention_amx
-        fn.restype = ctypes.c_int
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
-                       ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-        _lib = lib
-        return lib
+def _bind(lib: ctypes.CDLL) -> str | None:
+    """The kernel's signatures, after ``cf_amx_init`` asks the OS for AMX tile state."""
+    lib.cf_amx_init.restype = ctypes.c_int
+    rc = lib.cf_amx_init()
+    if rc:
+        return "built without AMX" if rc == 1 else "the OS refused AMX tile state"
+    fn = lib.cf_chunk_attention_amx
+    fn.restype = ctypes.c_int
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
+                   ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    return None
+
+
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "AMX chunk attention kernel",
+                       "prompt chunks take the oneDNN blocks", _bind, needs=cpu_has_amx)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded here (builds it on first call)."""
-    return _load() is not None
+    return _LOADER.available()
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
@@ -101,7 +78,7 @@ def chunk_attention_amx(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
                         scale: float) -> torch.Tensor:
     """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n, D]
     (positions 0..start+n-1): [n, Hq, D] bf16. Call only where ``takes`` holds."""
-    lib = _load()
+    lib = _LOADER.load()
     assert lib is not None
     n, hq, d = q.shape
     hkv = k.shape[0]

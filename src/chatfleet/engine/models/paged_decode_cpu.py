@@ -11,10 +11,10 @@ keeps scores and the weighted sum in float32 and rounds the output once; every s
 own context length (no padding, no groups). It is built with the system's C++ compiler at first
 use (about a second, ``-O3 -march=native``, OpenMP over (sequence, kv head) when torch has more
 than one thread), cached by a hash of its source, compiler and CPU under
-``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes:
-no torch headers, so no extension build. Where no compiler is found or the build fails, the
-caller keeps the torch-op path (``available()`` is False; one log line says why);
-``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
+``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes
+(``cpu_kernel_build``): no torch headers, so no extension build. Where no compiler is found or
+the build fails, the caller keeps the torch-op path (``available()`` is False; one log line says
+why); ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
 
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
 dtype, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid entries per row),
@@ -24,19 +24,14 @@ context_lens [B] int64 (each >= 1, counting the new token); Hq / Hkv <= 8; D <= 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+# build_library and compiler are re-exported: chunk_attention_avx512 still imports them from here.
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
+from chatfleet.engine.models.cpu_kernel_build import build_library as build_library
+from chatfleet.engine.models.cpu_kernel_build import compiler as compiler
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 MAX_HEAD_DIM = 512  # 64, 128 and 256 are compiled with the head dim fixed; others up to this read it
@@ -48,87 +43,21 @@ FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
+
+def _bind(lib: ctypes.CDLL) -> str | None:
+    fn = lib.cf_paged_decode
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return None
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("CHATFLEET_CACHE")
-    return (Path(env) if env else Path.home() / ".cache" / "chatfleet") / "kernels"
-
-
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU's model name and flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    keep = [line for line in text.splitlines() if line.startswith(("model name", "flags"))][:2]
-    return "\n".join(keep)
-
-
-def compiler() -> str | None:
-    """The C++ compiler the CPU kernels are built with (``$CXX``, else g++, c++ or clang++ on PATH)."""
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def build_library(cxx: str, source: Path = SOURCE, flags: tuple[str, ...] = FLAGS,
-                  link_flags: tuple[str, ...] = LINK_FLAGS) -> Path:
-    """Build ``source`` into a shared library once (cached by a hash of the source, compiler,
-    flags and CPU) and return its path; OSError where the compiler fails."""
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join((source.read_text(), cxx, version, " ".join(flags + link_flags),
-                                       _cpu_signature()))
-                            .encode()).hexdigest()[:16]
-    target = _cache_dir() / f"{source.stem}-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    obj = tmp[: -len(".so")] + ".o"
-    try:
-        for argv in ([cxx, *flags, "-c", "-o", obj, str(source)], [cxx, *link_flags, "-o", tmp, obj]):
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-            if proc.returncode:
-                raise OSError(f"{cxx} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(tmp, target)  # atomic: concurrent builders agree on the result
-    finally:
-        for path in (tmp, obj):
-            if os.path.exists(path):
-                os.unlink(path)
-    return target
-
-
-def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("CHATFLEET_NO_CPU_KERNEL"):
-            log.info("paged decode C++ kernel disabled by CHATFLEET_NO_CPU_KERNEL: torch ops decode")
-            return None
-        cxx = compiler()
-        if cxx is None:
-            log.info("no C++ compiler found: decode attention runs on torch ops")
-            return None
-        try:
-            lib = ctypes.CDLL(str(build_library(cxx)))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("paged decode C++ kernel unavailable (%s): decode attention runs on torch ops", e)
-            return None
-        fn = lib.cf_paged_decode
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-        _lib = lib
-        return lib
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "paged decode C++ kernel", "decode attention runs on torch ops",
+                       _bind)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded here (builds it on first call)."""
-    return _load() is not None
+    return _LOADER.available()
 
 
 def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
@@ -148,7 +77,7 @@ def supports(q: torch.Tensor, key: torch.Tensor) -> bool:
 def paged_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, Hq, D] over each sequence's first ``context_lens[b]`` cached positions -> [B, Hq, D]."""
-    lib = _load()
+    lib = _LOADER.load()
     if lib is None or not supports(q, key):
         raise RuntimeError("the paged decode C++ kernel cannot run here; check available() and supports()")
     batch, num_heads, head_dim = q.shape

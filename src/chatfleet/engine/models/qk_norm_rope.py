@@ -10,25 +10,19 @@ of the fused qkv projection once and rounds where the torch ops round (each op's
 model's dtype), so its output equals theirs to the last bit in almost every element (a sum of
 squares in another order can move one rounding; the tests bound it).
 
-Built like the paged decode kernel (``paged_decode_cpu.build_library``: system compiler at first
-use, cached by source, compiler and CPU), but without ``-ffast-math`` and with contraction off, so
+Built like the paged decode kernel (``cpu_kernel_build``: system compiler at first use, cached
+by source, compiler and CPU), but without ``-ffast-math`` and with contraction off, so
 products and sums round as the torch ops' do. ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
-import threading
 from pathlib import Path
 
 import torch
 
-from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
-
-log = logging.getLogger(__name__)
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 
 SOURCE = Path(__file__).with_name("qk_norm_rope_cpu.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
@@ -36,38 +30,22 @@ LINK_FLAGS = ("-shared", "-fopenmp")
 MAX_HEAD_DIM = 512
 DTYPES = (torch.float32, torch.bfloat16)
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("CHATFLEET_NO_CPU_KERNEL"):
-            return None
-        cxx = compiler()
-        if cxx is None:
-            return None
-        try:
-            lib = ctypes.CDLL(str(build_library(cxx, SOURCE, FLAGS, LINK_FLAGS)))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("q/k norm + RoPE C++ kernel unavailable (%s): it runs as torch ops", e)
-            return None
-        fn = lib.cf_qk_norm_rope
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3
-                       + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
-        _lib = lib
-        return lib
+def _bind(lib: ctypes.CDLL) -> str | None:
+    fn = lib.cf_qk_norm_rope
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3
+                   + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
+    return None
+
+
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "q/k norm + RoPE C++ kernel", "it runs as torch ops", _bind)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded here (builds it on first call)."""
-    return _load() is not None
+    return _LOADER.available()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
@@ -101,7 +79,7 @@ def qk_norm_rope(qkv: torch.Tensor, heads: int, head_dim: int, weight: torch.Ten
     """The first ``heads * head_dim`` columns of qkv [T, >= heads * head_dim] as [T, heads, D],
     each head RMS-normed, scaled by ``weight`` [heads, D] and rotated by cos/sin [T, 1, D]."""
     tokens = qkv.shape[0]
-    lib = _load()
+    lib = _LOADER.load()
     if lib is None or not _kernel_takes(qkv, weight, cos, sin, head_dim) or cos.shape != (tokens, 1, head_dim):
         qk = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
         return qk_norm_rope_torch(qk, weight, cos, sin, eps)

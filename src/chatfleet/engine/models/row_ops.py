@@ -23,8 +23,8 @@ whole vector steps, and by libm's ``expf`` over the row's tail, as torch's loop 
 65,536 bfloat16 gates differ from torch's ``silu`` by an ulp or more (one thread: with more,
 torch's own result moves a scalar tail to wherever a thread's range ends, an ulp off there).
 
-Built like the q/k norm + RoPE kernel (``paged_decode_cpu.build_library``: system compiler at
-first use, cached by source, compiler and CPU; no ``-ffast-math``, contraction off), preferring
+Built like the q/k norm + RoPE kernel (``cpu_kernel_build``: system compiler at first use, cached
+by source, compiler and CPU; no ``-ffast-math``, contraction off), preferring
 512-bit vectors (gcc's 256-bit default: the bf16 activation 3.8 ms instead of 2.9).
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off; so do a GPU tensor, another dtype, a row that is not
 contiguous, and autograd (a tensor that needs a gradient).
@@ -33,19 +33,13 @@ contiguous, and autograd (a tensor that needs a gradient).
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
-import threading
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.qk_norm_rope import rms_norm_then_scale
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("row_ops_cpu.cpp")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
@@ -53,39 +47,24 @@ FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-fast-math", 
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("CHATFLEET_NO_CPU_KERNEL"):
-            return None
-        cxx = compiler()
-        if cxx is None:
-            return None
-        try:
-            lib = ctypes.CDLL(str(build_library(cxx, SOURCE, FLAGS, LINK_FLAGS)))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("row-wise (RMSNorm, SwiGLU) C++ kernels unavailable (%s): they run as torch ops", e)
-            return None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.cf_rms_norm.restype = ctypes.c_int
-        lib.cf_rms_norm.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, i64, ctypes.c_int, ctypes.c_int)
-        lib.cf_silu_and_mul.restype = ctypes.c_int
-        lib.cf_silu_and_mul.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_int, i64, ctypes.c_int)
-        _lib = lib
-        return lib
+def _bind(lib: ctypes.CDLL) -> str | None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.cf_rms_norm.restype = ctypes.c_int
+    lib.cf_rms_norm.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, i64, ctypes.c_int, ctypes.c_int)
+    lib.cf_silu_and_mul.restype = ctypes.c_int
+    lib.cf_silu_and_mul.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_int, i64, ctypes.c_int)
+    return None
+
+
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "row-wise (RMSNorm, SwiGLU) C++ kernels", "they run as torch ops",
+                       _bind)
 
 
 def available() -> bool:
     """Whether the kernels are built and loaded here (builds them on first call)."""
-    return _load() is not None
+    return _LOADER.available()
 
 
 def vector_lanes() -> int:
@@ -127,7 +106,7 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row of x [..., n], scaled by weight [n]: ``rms_norm_torch``'s result."""
-    lib = _load()
+    lib = _LOADER.load()
     rows = _rows(x) if lib is not None and _takes(x, weight) else None
     n = x.shape[-1]
     if lib is None or rows is None or n == 0 or weight.shape != (n,) or not weight.is_contiguous():
@@ -144,7 +123,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def silu_and_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     """``silu(gate) * up`` of gate_up [T, 2 * intermediate] (gate then up): [T, intermediate],
     ``silu_and_mul_torch``'s result."""
-    lib = _load()
+    lib = _LOADER.load()
     if (lib is None or not _takes(gate_up) or gate_up.dim() != 2 or gate_up.stride(1) != 1 or intermediate < 1
             or gate_up.shape[1] != 2 * intermediate):
         return silu_and_mul_torch(gate_up, intermediate)
