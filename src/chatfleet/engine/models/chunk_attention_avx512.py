@@ -14,34 +14,24 @@ chunks; here every query row's result depends only on its own query and on its k
 position 0, so chunking never changes a bit (as ``chunk_attention_amx`` for bf16).
 
 Takes float32 q [n, Hq, D] and k, v [Hkv, start + n, D] (keys from position 0, no sliding window),
-D in HEAD_DIMS, unit stride along D. Built like the other CPU kernels (``build_library``) and only
+D in HEAD_DIMS, unit stride along D. Built like the other CPU kernels (``cpu_kernel_build.KernelLoader``) and only
 on a CPU whose flags name ``avx512f``; ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import subprocess
-import threading
 from pathlib import Path
 
 import torch
 
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.dtype import cpu_flags
-from chatfleet.engine.models.paged_decode_cpu import build_library, compiler
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("chunk_attention_avx512.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 192, 256)  # the ones compiled with D fixed
-
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
 def cpu_has_avx512() -> bool:
@@ -49,39 +39,26 @@ def cpu_has_avx512() -> bool:
     return "avx512f" in cpu_flags()
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("CHATFLEET_NO_CPU_KERNEL") or not cpu_has_avx512():
-            return None
-        cxx = compiler()
-        if cxx is None:
-            return None
-        try:
-            lib = ctypes.CDLL(str(build_library(cxx, SOURCE, FLAGS, LINK_FLAGS)))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("AVX-512 chunk attention kernel unavailable (%s): prompt chunks take the oneDNN blocks", e)
-            return None
-        lib.cf_avx512_built.restype = ctypes.c_int
-        if lib.cf_avx512_built():
-            log.warning("AVX-512 chunk attention kernel unavailable (built without AVX-512): "
-                        "prompt chunks take the oneDNN blocks")
-            return None
-        fn = lib.cf_chunk_attention_avx512
-        fn.restype = ctypes.c_int
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
-                       ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-        _lib = lib
-        return lib
+def _bind(lib: ctypes.CDLL) -> str | None:
+    """The kernel's signature, after checking the build targeted AVX-512."""
+    lib.cf_avx512_built.restype = ctypes.c_int
+    if lib.cf_avx512_built():
+        return "built without AVX-512"
+    fn = lib.cf_chunk_attention_avx512
+    fn.restype = ctypes.c_int
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
+                   ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    return None
+
+
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "AVX-512 chunk attention kernel",
+                       "prompt chunks take the oneDNN blocks", _bind, needs=cpu_has_avx512)
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded here (builds it on first call)."""
-    return _load() is not None
+    return _LOADER.available()
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
@@ -99,7 +76,7 @@ def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
                            scale: float) -> torch.Tensor:
     """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n, D]
     (positions 0..start+n-1): [n, Hq, D] float32. Call only where ``takes`` holds."""
-    lib = _load()
+    lib = _LOADER.load()
     assert lib is not None
     n, hq, d = q.shape
     hkv = k.shape[0]

@@ -28,10 +28,7 @@ from pathlib import Path
 
 import torch
 
-# build_library and compiler are re-exported: chunk_attention_avx512 still imports them from here.
 from chatfleet.engine.models.cpu_kernel_build import KernelLoader
-from chatfleet.engine.models.cpu_kernel_build import build_library as build_library
-from chatfleet.engine.models.cpu_kernel_build import compiler as compiler
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
 MAX_HEAD_DIM = 512  # 64, 128 and 256 are compiled with the head dim fixed; others up to this read it
