@@ -5,7 +5,8 @@ Two views, both re-runnable on any machine:
   * in process (torch.profiler): the real Engine (scheduler, KV manager, runner, sampler, output
     processor) steps through the workload with named ranges around its phases and every model
     module; each top-level op is charged to the innermost range and to a kind (GEMM, KV gather,
-    KV write, attention products), and a range's own time, between ops, is Python dispatch.
+    KV write, attention products), and a range's own time, between ops, is Python dispatch; the
+    C++ kernels (ctypes calls) are ranges of their own, charged to the row of the work they do.
     Shares are scaled onto the unprofiled step time measured on a twin pass.
   * over HTTP (py-spy): `chatfleet engine` serving the same workload through the OpenAI API;
     each sample is charged to the innermost frame that names a part (model, sampler, runner,
@@ -83,6 +84,15 @@ PHASES = {  # range kind -> the row its own time and its ops go to
     "process": "output processing (detokenize, stops)",
     "step": "engine step (other)",
 }
+# The model's C++ kernels (ctypes calls: no torch op inside) as ranges of their own, charged to the
+# row of the work they do; without them a kernel's time would read as Python dispatch.
+KERNEL_ROWS = {
+    "kernel:qk_norm_rope": "attention: RoPE, reshapes",
+    "kernel:chunk_attention": "attention: products",
+    "kernel:decode_attention": "attention: products",
+    "kernel:rms_norm": "norms (RMSNorm)",
+    "kernel:silu_and_mul": "MLP activation",
+}
 DISPATCH = "Python dispatch (model modules)"
 UNATTRIBUTED = "unattributed (rest of the step)"
 ROWS = [
@@ -98,6 +108,8 @@ REPORT_ROWS = [*ROWS, UNATTRIBUTED]
 def _op_row(kind: str, op: str) -> str:
     if kind in PHASES:
         return PHASES[kind]
+    if kind in KERNEL_ROWS:
+        return KERNEL_ROWS[kind]
     if kind == "Linear" or op in GEMM_OPS and kind != "Qwen3Attention":
         return "linears (GEMM)"
     if "Norm" in kind:
@@ -128,7 +140,21 @@ class Ranges:
             with torch.autograd.profiler.record_function(RANGE + kind):
                 return inner(*args, **kwargs)
 
+        timed._profile_range = True  # type: ignore[attr-defined]
         setattr(obj, attr, timed)
+
+    def wrap_kernels(self) -> None:
+        """A range around each C++ kernel entry point, where the model's modules call it."""
+        from chatfleet.engine.models import attention, prefill_attention, qwen3
+
+        for obj, attr, kind in ((qwen3, "qk_norm_rope", "kernel:qk_norm_rope"),
+                                (qwen3, "rms_norm", "kernel:rms_norm"),
+                                (qwen3, "silu_and_mul", "kernel:silu_and_mul"),
+                                (prefill_attention.amx, "chunk_attention_amx", "kernel:chunk_attention"),
+                                (prefill_attention.avx512, "chunk_attention_avx512", "kernel:chunk_attention"),
+                                (attention, "paged_decode", "kernel:decode_attention")):
+            if not getattr(getattr(obj, attr), "_profile_range", False):  # once per process
+                self.wrap(obj, attr, kind)
 
     def hook_modules(self, model: torch.nn.Module) -> None:
         for mod in model.modules():
@@ -168,7 +194,7 @@ def attribute(events, top_ops: dict[str, dict[str, float]] | None = None  # noqa
     for ev in events:
         if ev.name.startswith(RANGE):
             kind = ev.name[len(RANGE):]
-            row = PHASES.get(kind, DISPATCH)
+            row = PHASES.get(kind) or KERNEL_ROWS.get(kind, DISPATCH)
             totals[row] += ev.self_cpu_time_total
             range_counts[row] += 1
             continue
@@ -280,6 +306,7 @@ def profile_in_process(model: str, dtype: str, threads: int, w: Workload) -> dic
     ranges.wrap(engine.output_processor, "process", "process")
     ranges.wrap(engine, "step", "step")
     ranges.hook_modules(engine.runner.model)
+    ranges.wrap_kernels()
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     profiled = run_pass(engine, w, "prof", 2, prof)
     top_ops: dict[str, dict[str, float]] = {}

@@ -49,27 +49,29 @@ inline void store_row(const float* src, uint16_t* dst, int d, float s) {
   for (int i = 0; i < d; ++i) dst[i] = float_to_bf16(src[i] * s);
 }
 
-// Blocks sit anywhere in the pool (a float32 block of 16 x 64 is one 4 KiB page): the hardware
-// prefetcher stops at page boundaries, so the next block's lines are requested ahead.
-template <typename T>
-inline void prefetch_block(const T* p, int64_t n) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
-}
-
 // Calls f(t, row) for positions t = 0 .. ctx - 1 of one kv head, block by block through `table`,
 // each row read once in place and widened to float32 in `row` (a stack copy: the callers' loops
-// then vectorize freely), the next block prefetched.
+// then vectorize freely). Blocks sit anywhere in the pool (a float32 block of 16 x 64 is one
+// 4 KiB page) and the hardware prefetcher stops at page boundaries, so the block two ahead is
+// requested in software, one row's lines per row read: spread out, the requests never queue up
+// behind each other as a whole block's 64 at once did (b32, 520 tokens, 8 layers, float32, one
+// thread, Xeon 6/207: 16.8 -> 12.9 ms with scattered blocks, 13.5 -> 12.0 ms with blocks in order).
 template <typename T, typename F>
 inline void for_each_row(const T* cache, const int64_t* table, int64_t ctx, int64_t head_offset, int block_size,
                          int d, float* row, F&& f) {
+  constexpr int kAhead = 2;  // blocks
   const int64_t nblk = (ctx + block_size - 1) / block_size;
+  const int64_t row_bytes = static_cast<int64_t>(d) * static_cast<int64_t>(sizeof(T));
   for (int64_t bi = 0; bi < nblk; ++bi) {
     const T* blk = cache + (head_offset + table[bi] * block_size) * d;
-    if (bi + 1 < nblk) prefetch_block(cache + (head_offset + table[bi + 1] * block_size) * d, block_size * d);
+    const char* ahead = bi + kAhead < nblk
+        ? reinterpret_cast<const char*>(cache + (head_offset + table[bi + kAhead] * block_size) * d) : nullptr;
     const int64_t t0 = bi * block_size;
     const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
     for (int o = 0; o < n; ++o) {
+      if (ahead) {
+        for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + o * row_bytes + off);
+      }
       load_row<T>(blk + static_cast<int64_t>(o) * d, row, d);
       f(t0 + o, static_cast<const float*>(row));
     }
