@@ -197,9 +197,11 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const
   }
 }
 
+// Returns 0, or 4 where a thread's scratch could not be allocated (its tiles are then not written).
 template <int DV>
-void run(const Shapes& s, const float* q, const float* k, const float* v, float* out, int threads) {
+int run(const Shapes& s, const float* q, const float* k, const float* v, float* out, int threads) {
   const int64_t ctx = s.start + s.n;
+  int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     float* qt = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * DV * 16 * kCols));
@@ -210,11 +212,17 @@ void run(const Shapes& s, const float* q, const float* k, const float* v, float*
       // the longest tiles (last rows: most keys) first, for the dynamic schedule
       const int64_t h = w % s.hkv;
       const int64_t tile = s.tiles - 1 - w / s.hkv;
+      if (qt == nullptr || st == nullptr) {
+#pragma omp atomic write
+        failed = 1;
+        continue;
+      }
       attend_tile<DV>(s, h, tile, q, k, v, out, qt, st);
     }
     std::free(st);
     std::free(qt);
   }
+  return failed ? 4 : 0;
 }
 
 #endif  // CF_HAVE_AVX512
@@ -249,16 +257,16 @@ extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q
   s.scale = scale;
   if (threads < 1) threads = 1;
   switch (d / 16) {
-    case 1: run<1>(s, q, k, v, out, threads); return 0;
-    case 2: run<2>(s, q, k, v, out, threads); return 0;
-    case 3: run<3>(s, q, k, v, out, threads); return 0;
-    case 4: run<4>(s, q, k, v, out, threads); return 0;
-    case 5: run<5>(s, q, k, v, out, threads); return 0;
-    case 6: run<6>(s, q, k, v, out, threads); return 0;
-    case 7: run<7>(s, q, k, v, out, threads); return 0;
-    case 8: run<8>(s, q, k, v, out, threads); return 0;
-    case 12: run<12>(s, q, k, v, out, threads); return 0;
-    case 16: run<16>(s, q, k, v, out, threads); return 0;
+    case 1: return run<1>(s, q, k, v, out, threads);
+    case 2: return run<2>(s, q, k, v, out, threads);
+    case 3: return run<3>(s, q, k, v, out, threads);
+    case 4: return run<4>(s, q, k, v, out, threads);
+    case 5: return run<5>(s, q, k, v, out, threads);
+    case 6: return run<6>(s, q, k, v, out, threads);
+    case 7: return run<7>(s, q, k, v, out, threads);
+    case 8: return run<8>(s, q, k, v, out, threads);
+    case 12: return run<12>(s, q, k, v, out, threads);
+    case 16: return run<16>(s, q, k, v, out, threads);
     default: return 3;
   }
 #else

@@ -89,5 +89,6 @@ def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
                                        k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), n, hq,
                                        hkv, d, start, scale, torch.get_num_threads())
     if rc:
-        raise RuntimeError(f"AVX-512 chunk attention kernel refused the shapes (code {rc})")
+        why = "could not allocate its scratch" if rc == 4 else "refused the shapes"
+        raise RuntimeError(f"AVX-512 chunk attention kernel {why} (code {rc})")
     return out

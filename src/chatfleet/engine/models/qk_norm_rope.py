@@ -31,7 +31,6 @@ MAX_HEAD_DIM = 512
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-
 def _bind(lib: ctypes.CDLL) -> str | None:
     fn = lib.cf_qk_norm_rope
     fn.restype = ctypes.c_int

@@ -48,7 +48,6 @@ LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-
 def _bind(lib: ctypes.CDLL) -> str | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.cf_rms_norm.restype = ctypes.c_int
