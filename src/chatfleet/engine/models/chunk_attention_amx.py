@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from chatfleet.engine.models import chunk_kernel_abi as abi
 from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.dtype import cpu_flags
 
@@ -32,6 +33,7 @@ SOURCE = Path(__file__).with_name("chunk_attention_amx.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 MAX_HEAD_DIM = 256
+HEAD_DIMS = range(16, MAX_HEAD_DIM + 1, 16)  # multiples of 16
 
 
 def cpu_has_amx() -> bool:
@@ -46,11 +48,7 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     rc = lib.cf_amx_init()
     if rc:
         return "built without AMX" if rc == 1 else "the OS refused AMX tile state"
-    fn = lib.cf_chunk_attention_amx
-    fn.restype = ctypes.c_int
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
-                   ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    abi.bind(lib.cf_chunk_attention_amx)
     return None
 
 
@@ -66,12 +64,7 @@ def available() -> bool:
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
           key_start: int) -> bool:
     """Whether these operands fit the kernel (and it is available)."""
-    n, hq, d = q.shape
-    hkv = k.shape[0]
-    return (window is None and key_start == 0 and q.device.type == "cpu" and n > 0
-            and all(t.dtype == torch.bfloat16 and t.dim() == 3 and t.stride(2) == 1 for t in (q, k, v))
-            and d % 16 == 0 and d <= MAX_HEAD_DIM and hkv > 0 and hq % hkv == 0
-            and k.shape == v.shape == (hkv, start + n, d) and available())
+    return abi.operands_fit(q, k, v, start, window, key_start, torch.bfloat16, HEAD_DIMS) and available()
 
 
 def chunk_attention_amx(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
@@ -80,12 +73,4 @@ def chunk_attention_amx(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     (positions 0..start+n-1): [n, Hq, D] bf16. Call only where ``takes`` holds."""
     lib = _LOADER.load()
     assert lib is not None
-    n, hq, d = q.shape
-    hkv = k.shape[0]
-    out = torch.empty(n, hq, d, dtype=torch.bfloat16)
-    rc = lib.cf_chunk_attention_amx(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-                                    v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), n, hq, hkv, d, start,
-                                    scale, torch.get_num_threads())
-    if rc:
-        raise RuntimeError(f"AMX chunk attention kernel refused the shapes (code {rc})")
-    return out
+    return abi.run(lib.cf_chunk_attention_amx, q, k, v, start, scale, "AMX chunk attention kernel")

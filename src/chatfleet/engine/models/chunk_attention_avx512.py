@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from chatfleet.engine.models import chunk_kernel_abi as abi
 from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.dtype import cpu_flags
 
@@ -44,11 +45,7 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     lib.cf_avx512_built.restype = ctypes.c_int
     if lib.cf_avx512_built():
         return "built without AVX-512"
-    fn = lib.cf_chunk_attention_avx512
-    fn.restype = ctypes.c_int
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v: pointer and two strides
-                   ptr, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    abi.bind(lib.cf_chunk_attention_avx512)
     return None
 
 
@@ -64,12 +61,7 @@ def available() -> bool:
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
           key_start: int) -> bool:
     """Whether these operands fit the kernel (and it is available)."""
-    n, hq, d = q.shape
-    hkv = k.shape[0]
-    return (window is None and key_start == 0 and q.device.type == "cpu" and n > 0
-            and all(t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1 for t in (q, k, v))
-            and d in HEAD_DIMS and hkv > 0 and hq % hkv == 0
-            and k.shape == v.shape == (hkv, start + n, d) and available())
+    return abi.operands_fit(q, k, v, start, window, key_start, torch.float32, HEAD_DIMS) and available()
 
 
 def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
@@ -78,17 +70,8 @@ def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
     (positions 0..start+n-1): [n, Hq, D] float32. Call only where ``takes`` holds."""
     lib = _LOADER.load()
     assert lib is not None
-    n, hq, d = q.shape
-    hkv = k.shape[0]
     # Keys and values as the engine passes them are views of wider rows (k: of the q|k heads, v: of
     # q|k|v), one 256-byte row every 2.5-3 KB: a compact copy (0.2 ms for 2,000 tokens) makes pass 1
     # and 2 read each head's keys from L2 in order, 47 -> 32 ms for 2,000 tokens here.
-    k, v = k.contiguous(), v.contiguous()
-    out = torch.empty(n, hq, d, dtype=torch.float32)
-    rc = lib.cf_chunk_attention_avx512(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0),
-                                       k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), n, hq,
-                                       hkv, d, start, scale, torch.get_num_threads())
-    if rc:
-        why = "could not allocate its scratch" if rc == 4 else "refused the shapes"
-        raise RuntimeError(f"AVX-512 chunk attention kernel {why} (code {rc})")
-    return out
+    return abi.run(lib.cf_chunk_attention_avx512, q, k.contiguous(), v.contiguous(), start, scale,
+                   "AVX-512 chunk attention kernel")
