@@ -30,7 +30,8 @@ TABLE = [
                                             lpm_host_weight=1.0)),
      EngineServer(host="0.0.0.0", port=0, log_level="warning",
                   options=ServerOptions(max_body_bytes=4096, request_timeout_s=1e-3, api_keys=("k1", "k-2"),
-                                        enable_admin_api=True, salt_cache_per_key=False, tokenizer_workers=5))),
+                                        enable_admin_api=True, salt_cache_per_key=False, tokenizer_workers=5,
+                                        engine_process=False))),
     (EngineConfig(cache=CacheConfig(num_tokens=16, enable_prefix_caching=False), max_model_len=1,
                   scheduler=SchedulerConfig(max_queue_delay=0.0, lpm_host_weight=0.0)),
      EngineServer(port=65535, options=ServerOptions(request_timeout_s=1e9))),
@@ -83,7 +84,8 @@ server = st.builds(
     options=st.builds(ServerOptions, max_body_bytes=st.integers(1024, 2**40),
                       request_timeout_s=st.none() | st.floats(1e-6, 1e9),
                       api_keys=st.lists(names, max_size=3).map(tuple), enable_admin_api=st.booleans(),
-                      salt_cache_per_key=st.booleans(), tokenizer_workers=st.integers(1, 16)))
+                      salt_cache_per_key=st.booleans(), tokenizer_workers=st.integers(1, 16),
+                      engine_process=st.booleans()))
 
 
 @st.composite
@@ -123,7 +125,7 @@ def test_chatfleet_engine_takes_the_same_flags_and_builds_the_same_config(monkey
             decls.update(d.split("/"))
     assert {f.name for f in FLAGS if f.cli} <= decls
     assert {d for d in decls if d.startswith("--")} - {f.name for f in FLAGS} == {
-        "--no-language-model-only", "--no-keep-slid-out-blocks"}
+        "--no-language-model-only", "--no-keep-slid-out-blocks", "--no-engine-process"}
 
     seen = []
     monkeypatch.setattr(engine_cmd, "serve_engine", lambda config, srv: seen.append((config, srv)))

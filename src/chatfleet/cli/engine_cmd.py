@@ -123,6 +123,10 @@ def engine(
     enable_admin_api: bool = typer.Option(
         False, "--enable-admin-api", help="Serve admin routes (/reset_prefix_cache), behind the API key."
     ),
+    engine_process: bool = typer.Option(
+        _O.engine_process, "--engine-process/--no-engine-process",
+        help="Run the engine core (scheduler, model) in a process of its own, apart from the HTTP work.",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Start the built-in engine on HOST:PORT (OpenAI /v1/chat/completions, /v1/completions, ...)."""
@@ -168,6 +172,7 @@ def engine(
         options = ServerOptions(
             max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
             api_keys=ServerOptions.keys_from(api_key), enable_admin_api=enable_admin_api,
+            engine_process=engine_process,
         )
         server = EngineServer(host=host, port=port, log_level=log_level, options=options)
         check_port(host, port)

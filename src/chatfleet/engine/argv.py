@@ -112,6 +112,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--enable-admin-api", "options.enable_admin_api", "switch"),
     Flag("--no-salt-cache-per-key", "options.salt_cache_per_key", "switch", cli=False),
     Flag("--tokenizer-workers", "options.tokenizer_workers", "int", cli=False),
+    Flag("--engine-process", "options.engine_process", "bool"),
 )
 
 # The dataclass behind each path's first part, and its defaults.

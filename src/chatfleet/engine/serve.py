@@ -9,30 +9,10 @@ Both entries end here: ``chatfleet engine`` (typer flags) and ``python -m chatfl
 
 from __future__ import annotations
 
-import logging
-
 from chatfleet.engine.argv import EngineServer
 from chatfleet.engine.config import EngineConfig
+from chatfleet.engine.console_log import console_logging
 from chatfleet.engine.memory_check import check_kv_fits
-from chatfleet.protocol.stderr_log import CurrentStderrHandler
-
-
-class _UvicornStyle(logging.Formatter):
-    """'INFO:     message', as uvicorn prints its own lines."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname + ':':<10}{super().format(record)}"
-
-
-def console_logging(level: str) -> None:
-    """The ``chatfleet`` loggers to stderr at ``level`` (uvicorn's names; 'trace' is debug)."""
-    logger = logging.getLogger("chatfleet")
-    if not any(getattr(h, "chatfleet_console", False) for h in logger.handlers):
-        handler = CurrentStderrHandler()
-        handler.setFormatter(_UvicornStyle())
-        handler.chatfleet_console = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-    logger.setLevel("DEBUG" if level == "trace" else level.upper())
 
 
 def serve_engine(config: EngineConfig, server: EngineServer) -> None:

@@ -20,6 +20,9 @@ class ServerOptions:
     ``enable_admin_api``: serve ``/reset_prefix_cache`` (404 otherwise).
     ``salt_cache_per_key``: with keys, each key gets its own prefix-cache salt, so one tenant
     cannot learn by timing which prompts another sent.
+    ``engine_process``: run the engine core (scheduler, model, detokenizer) in a process of its
+    own (``engine_process.py``), so that the HTTP work and the step loop do not share one GIL;
+    off: the engine runs on a thread of the server's process (``async_engine.py``).
     """
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -28,6 +31,7 @@ class ServerOptions:
     enable_admin_api: bool = False
     salt_cache_per_key: bool = True
     tokenizer_workers: int = 2
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

@@ -15,7 +15,7 @@ from typing import TypeVar
 from fastapi import Request
 from starlette.responses import Response, StreamingResponse
 
-from chatfleet.engine.api.async_engine import AsyncEngine
+from chatfleet.engine.api.engine_client import EngineClient
 from chatfleet.engine.api.memory_metrics import MemoryCollector
 from chatfleet.engine.api.metrics import RequestTimer, ServerMetrics
 from chatfleet.engine.outputs import RequestOutput
@@ -52,7 +52,7 @@ class Deadline:
 class ServerState:
     """What the routes share: the engine, metrics and the names this server answers to."""
 
-    def __init__(self, engine: AsyncEngine, model_aliases: tuple[str, ...] = ()) -> None:
+    def __init__(self, engine: EngineClient, model_aliases: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.model_name = engine.model_name
         self.names = {engine.model_name, *model_aliases}

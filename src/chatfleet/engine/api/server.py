@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.auth import Authenticator, Tenant
+from chatfleet.engine.api.engine_client import EngineClient
 from chatfleet.engine.api.fanout import interleave, merge_responses, plan_choices, start_choices
 from chatfleet.engine.api.metrics import CONTENT_TYPE
 from chatfleet.engine.api.openapi import ERROR_RESPONSES, GENERATION_RESPONSES, install_openapi
@@ -111,7 +112,7 @@ def tenant_of(request: Request) -> Tenant:
     return request.state.tenant
 
 
-def build_app(engine: AsyncEngine, *, model_aliases: tuple[str, ...] = (), start_engine: bool = True,
+def build_app(engine: EngineClient, *, model_aliases: tuple[str, ...] = (), start_engine: bool = True,
               options: ServerOptions | None = None) -> FastAPI:
     """The HTTP app over ``engine``; the engine thread starts and stops with the app."""
     options = options or ServerOptions()
@@ -260,8 +261,16 @@ def build_engine(config: EngineConfig, **kw: Any) -> AsyncEngine:
 
 def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *,
                log_level: str = "info", options: ServerOptions | None = None) -> None:
-    """Load the model, then serve it until interrupted (SIGINT/SIGTERM shut down cleanly)."""
-    engine = build_engine(config)
+    """Load the model, then serve it until interrupted (SIGINT/SIGTERM shut down cleanly). With
+    ``options.engine_process`` (the default) the engine core runs in a process of its own."""
+    options = options or ServerOptions()
+    engine: EngineClient
+    if options.engine_process:
+        from chatfleet.engine.api.engine_process import EngineProcess
+
+        engine = EngineProcess(config, log_level=log_level)
+    else:
+        engine = build_engine(config)
     aliases = tuple(a for a in (config.model,) if a != engine.model_name)
     app = build_app(engine, model_aliases=aliases, options=options)
     shorten_switch_interval()  # the step loop's thread gets the GIL back soon behind a busy event loop

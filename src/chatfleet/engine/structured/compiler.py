@@ -111,9 +111,14 @@ class GrammarCompiler:
         """The compiled grammar (inline on a cache miss); GrammarError if it cannot compile."""
         return self._future(spec, inline=True).result()
 
+    def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """The compiled grammar as a future, compiled on the pool on a cache miss (the engine core
+        waits for a request's grammar this way, off its step loop)."""
+        return self._future(spec, inline=False)
+
     async def compile_async(self, spec: GrammarSpec) -> CompiledGrammar:
         """The compiled grammar, compiled on the pool on a cache miss; GrammarError as above."""
-        return await asyncio.wrap_future(self._future(spec, inline=False))
+        return await asyncio.wrap_future(self.submit(spec))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
