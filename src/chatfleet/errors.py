@@ -22,18 +22,6 @@ class ChatfleetError(Exception):
         if code is not None:
             self.code = code
 
-    def __reduce__(self) -> tuple[object, ...]:
-        """Pickles with its message, parameter, code and any field a subclass set (the engine core
-        process sends a request's refusal to the API process as the error itself)."""
-        return (_restore_error, (type(self), self.message, dict(self.__dict__)))
-
-
-def _restore_error(cls: type[ChatfleetError], message: str, fields: dict[str, object]) -> ChatfleetError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.__dict__.update(fields)
-    return err
-
 
 class ConfigError(ChatfleetError, ValueError):
     """A configuration value is invalid (raised while building frozen config dataclasses)."""

@@ -7,8 +7,8 @@ From the core (one pipe, written only by its step loop): ``Ready`` once the mode
 facts the HTTP front needs) or ``LoadFailed``; then ``Outputs`` (one step's outputs, in one
 message) and ``Reply`` (to an ``AddRequest`` or a ``Query``, by its ``call_id``).
 
-Errors travel as values: a ``Reply`` carries the ``ChatfleetError`` the engine raised (it pickles
-with its message, parameter and code, ``errors.py``); anything else becomes a message.
+Errors travel as values: a ``Reply`` carries the ``ChatfleetError`` the engine raised (an
+exception pickles with its attributes: message, parameter, code); anything else becomes a message.
 """
 
 from __future__ import annotations
