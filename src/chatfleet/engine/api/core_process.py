@@ -15,6 +15,7 @@ API process's work runs on another core. Each step's outputs go back as one mess
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -126,7 +127,7 @@ class CoreLoop:
                 with self._cond:
                     self._compiling.add(cmd.request_id)
                 pending = structured.compiler.submit(cmd.params.grammar)  # add_request then finds it compiled
-                pending.add_done_callback(lambda _done, cmd=cmd: self._compiled(cmd))
+                pending.add_done_callback(functools.partial(self._compiled, cmd))
                 continue
             if isinstance(cmd, AbortRequest):
                 with self._cond:
@@ -136,7 +137,7 @@ class CoreLoop:
             if isinstance(cmd, Stop):
                 return
 
-    def _compiled(self, cmd: AddRequest) -> None:
+    def _compiled(self, cmd: AddRequest, _done: object) -> None:
         with self._cond:
             self._compiling.discard(cmd.request_id)
             self._inbox.append(cmd)

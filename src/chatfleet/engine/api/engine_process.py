@@ -25,6 +25,7 @@ import multiprocessing
 import threading
 from collections.abc import AsyncGenerator, Callable
 
+from chatfleet.engine.api.async_engine import RequestFailedError
 from chatfleet.engine.api.core_messages import (
     AbortRequest,
     AddRequest,
@@ -37,7 +38,6 @@ from chatfleet.engine.api.core_messages import (
     Reply,
     Stop,
 )
-from chatfleet.engine.api.async_engine import RequestFailedError
 from chatfleet.engine.api.core_process import run_core
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import EngineConfig
