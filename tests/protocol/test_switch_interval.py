@@ -45,7 +45,11 @@ def test_engine_and_gateway_serve_with_the_short_interval_and_start_up_frozen(re
     monkeypatch.setattr(engine_server, "build_engine", lambda config: type("E", (), {"model_name": "m"})())
     monkeypatch.setattr(engine_server, "build_app", lambda engine, **kw: object())
     monkeypatch.setattr(engine_server.uvicorn, "run", served("engine"))
-    engine_server.run_server(type("C", (), {"model": "m"})())  # type: ignore[arg-type]
+    from chatfleet.engine.api.options import ServerOptions
+
+    # the API process of either layout (the core process shortens its own: run_core)
+    engine_server.run_server(type("C", (), {"model": "m"})(),  # type: ignore[arg-type]
+                             options=ServerOptions(engine_process=False))
     gc.unfreeze()
     sys.setswitchinterval(0.005)
     monkeypatch.setattr(gateway_app, "configure_json_logging", lambda level: None)

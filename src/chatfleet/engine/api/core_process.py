@@ -38,6 +38,7 @@ from chatfleet.engine.console_log import console_logging
 from chatfleet.engine.engine import Engine
 from chatfleet.errors import ChatfleetError, InvalidRequestError
 from chatfleet.protocol.startup_gc import freeze_startup_objects
+from chatfleet.protocol.switch_interval import shorten_switch_interval
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def run_core(config: EngineConfig, commands: Connection, events: Connection, log
         model_name=engine.model_name, max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
         max_request_tokens=engine.max_request_tokens, kv_cache_tokens=getattr(engine.kv, "total_tokens", None),
         memory=engine.memory, grammars=engine.structured is not None, pid=os.getpid())
+    shorten_switch_interval()  # the step loop gets the GIL back soon behind the receiver's unpickling
     freeze_startup_objects()  # the model: no full GC pass walks it again
     events.send(Ready(facts))
     try:
