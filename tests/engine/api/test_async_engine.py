@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from chatfleet.engine.api.async_engine import AsyncEngine, RequestFailedError
+from chatfleet.engine.api.async_engine import AsyncEngine
+from chatfleet.engine.api.output_streams import RequestFailedError
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.errors import EngineDeadError, InvalidRequestError, ServerOverloadedError

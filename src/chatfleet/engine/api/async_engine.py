@@ -16,9 +16,10 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from chatfleet.engine.api.output_streams import OutputStreams
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
-from chatfleet.errors import ChatfleetError, EngineDeadError, InvalidRequestError
+from chatfleet.errors import ChatfleetError, EngineDeadError
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,6 @@ class _Call:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
-class RequestFailedError(ChatfleetError):
-    """The engine finished a request with an error."""
-
-    status_code = 500
-    error_type = "internal_error"
-    code = "request_failed"
-
-
 class AsyncEngine:
     """asyncio front of an ``Engine``; one instance per server process."""
 
@@ -66,7 +59,7 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams = OutputStreams()
         self.dead_error: BaseException | None = None
         # queue-time observer, called on the engine thread once per request with first_scheduled -
         # arrival (s), when its first output arrives (``RequestOutput.queue_time``)
@@ -150,33 +143,16 @@ class AsyncEngine:
         Raises the engine's add_request errors (400/503) before the first output.
         """
         self._check_alive()
-        if request_id in self._streams:
-            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
+        stream = self._streams.open(request_id)
         cmd = _Add(request_id, list(prompt_token_ids), params, arrival_time, cache_salt, session_id)
-        finished = False
         try:
             self._post(cmd)
             await asyncio.wrap_future(cmd.future)
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True  # the engine no longer knows this request
-                    raise item
-                if item.finished:
-                    finished = True
-                    if item.finish_reason == "error":
-                        raise RequestFailedError(
-                            f"request {request_id} failed in the engine; the server log has the cause"
-                        )
-                yield item
-                if finished:
-                    return
+            async for out in stream.follow():
+                yield out
         finally:
-            if self._streams.get(request_id) is queue:
-                del self._streams[request_id]
-            if not finished and self.dead_error is None:
+            self._streams.close(stream)
+            if not stream.finished and self.dead_error is None:
                 self._post(_Abort(request_id))
 
     def abort(self, request_id: str) -> None:
@@ -290,11 +266,7 @@ class AsyncEngine:
     # ------------------------------------------------------------ event loop side
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            queue = self._streams.get(out.request_id)
-            if queue is not None:
-                queue.put_nowait(out)
+        self._streams.dispatch(outputs)
 
     def _fail_all(self, err: BaseException) -> None:
-        for queue in self._streams.values():
-            queue.put_nowait(err)
+        self._streams.fail_all(err)

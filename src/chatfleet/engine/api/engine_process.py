@@ -25,7 +25,6 @@ import multiprocessing
 import threading
 from collections.abc import AsyncGenerator, Callable
 
-from chatfleet.engine.api.async_engine import RequestFailedError
 from chatfleet.engine.api.core_messages import (
     AbortRequest,
     AddRequest,
@@ -39,6 +38,7 @@ from chatfleet.engine.api.core_messages import (
     Stop,
 )
 from chatfleet.engine.api.core_process import run_core
+from chatfleet.engine.api.output_streams import OutputStreams
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.outputs import RequestOutput
@@ -47,7 +47,7 @@ from chatfleet.engine.sizing.memory import MemoryBreakdown
 from chatfleet.engine.stats import EngineStats
 from chatfleet.engine.structured.compiler import GrammarCompiler
 from chatfleet.engine.tokenizer import ChatTokenizer
-from chatfleet.errors import EngineDeadError, InvalidRequestError
+from chatfleet.errors import EngineDeadError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class EngineProcess:
         self._calls: dict[int, concurrent.futures.Future[object]] = {}
         self._calls_lock = threading.Lock()
         self._call_ids = itertools.count()
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._streams = OutputStreams()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
@@ -196,32 +196,16 @@ class EngineProcess:
         Raises the engine's add_request errors (400/503) before the first output.
         """
         self._check_alive()
-        if request_id in self._streams:
-            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
-        finished = False
+        stream = self._streams.open(request_id)
         try:
             added = self._call(lambda call_id: AddRequest(call_id, request_id, list(prompt_token_ids), params,
                                                           arrival_time, cache_salt, session_id))
             await asyncio.wrap_future(added)
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True  # the engine no longer knows this request
-                    raise item
-                if item.finished:
-                    finished = True
-                    if item.finish_reason == "error":
-                        raise RequestFailedError(
-                            f"request {request_id} failed in the engine; the server log has the cause")
-                yield item
-                if finished:
-                    return
+            async for out in stream.follow():
+                yield out
         finally:
-            if self._streams.get(request_id) is queue:
-                del self._streams[request_id]
-            if not finished and self.dead_error is None and not self._stopping:
+            self._streams.close(stream)
+            if not stream.finished and self.dead_error is None and not self._stopping:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -321,11 +305,7 @@ class EngineProcess:
     # ------------------------------------------------------------ event loop side
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            queue = self._streams.get(out.request_id)
-            if queue is not None:
-                queue.put_nowait(out)
+        self._streams.dispatch(outputs)
 
     def _fail_all(self, err: BaseException) -> None:
-        for queue in self._streams.values():
-            queue.put_nowait(err)
+        self._streams.fail_all(err)
