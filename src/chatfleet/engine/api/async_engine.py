@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from chatfleet.engine.api.output_streams import OutputStreams
+from chatfleet.engine.api.output_streams import OutputStreams, observe_queue_times
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.errors import ChatfleetError, EngineDeadError
@@ -208,10 +208,10 @@ class AsyncEngine:
                     checked_idle = False
                     outputs = engine.step()
                     if self.on_first_scheduled is not None:
-                        self._report_queue_times(outputs)
+                        observe_queue_times(self.on_first_scheduled, outputs)
                     if outputs:
                         assert self._loop is not None  # set by start(), before the thread
-                        self._loop.call_soon_threadsafe(self._dispatch, outputs)
+                        self._loop.call_soon_threadsafe(self._streams.dispatch, outputs)
                 elif self.check_integrity_when_idle and not checked_idle:
                     engine.check_integrity()
                     checked_idle = True
@@ -221,7 +221,7 @@ class AsyncEngine:
             err = EngineDeadError("the engine loop stopped after an internal error; the server log has the cause")
             self._fail_inbox(err)
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._fail_all, err)
+                self._loop.call_soon_threadsafe(self._streams.fail_all, err)
         else:
             self._fail_inbox(EngineDeadError("the engine is shutting down"))
 
@@ -249,24 +249,9 @@ class AsyncEngine:
         else:
             cmd.future.set_result(result)
 
-    def _report_queue_times(self, outputs: list[RequestOutput]) -> None:
-        observe = self.on_first_scheduled
-        assert observe is not None
-        for out in outputs:
-            if out.queue_time is not None:
-                observe(out.queue_time)
-
     def _fail_inbox(self, err: BaseException) -> None:
         with self._cond:
             inbox, self._inbox = self._inbox, []
         for cmd in inbox:
             if not isinstance(cmd, _Abort) and cmd.future.set_running_or_notify_cancel():
                 cmd.future.set_exception(err)
-
-    # ------------------------------------------------------------ event loop side
-
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        self._streams.dispatch(outputs)
-
-    def _fail_all(self, err: BaseException) -> None:
-        self._streams.fail_all(err)

@@ -38,7 +38,7 @@ from chatfleet.engine.api.core_messages import (
     Stop,
 )
 from chatfleet.engine.api.core_process import run_core
-from chatfleet.engine.api.output_streams import OutputStreams
+from chatfleet.engine.api.output_streams import OutputStreams, observe_queue_times
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.config import EngineConfig
 from chatfleet.engine.outputs import RequestOutput
@@ -86,24 +86,24 @@ class EngineProcess:
                                                   self._tokenizer.eos_token_id) if self.facts.grammars else None)
 
     def _wait_until_loaded(self) -> CoreFacts:
-        while not self._events.poll(LOAD_POLL_S):
-            if not self._process.is_alive():
-                self._close_pipes()
-                raise EngineDeadError(f"the engine core process exited while loading (exit code "
-                                      f"{self._process.exitcode}); its log above has the cause")
-        try:
-            msg = self._events.recv()
-        except (EOFError, OSError):
-            self._process.join(5)
-            self._close_pipes()
-            raise EngineDeadError(f"the engine core process exited while loading (exit code "
-                                  f"{self._process.exitcode}); its log above has the cause") from None
+        msg: object = None
+        while msg is None:
+            if self._events.poll(LOAD_POLL_S):
+                try:
+                    msg = self._events.recv()
+                except (EOFError, OSError):  # the core exited before saying anything
+                    break
+            elif not self._process.is_alive():
+                break
+        if isinstance(msg, Ready):
+            return msg.facts
+        self._process.join(5)
+        self._close_pipes()
         if isinstance(msg, LoadFailed):
-            self._process.join(5)
-            self._close_pipes()
             raise msg.error
-        assert isinstance(msg, Ready), msg
-        return msg.facts
+        assert msg is None, msg
+        raise EngineDeadError(f"the engine core process exited while loading (exit code "
+                              f"{self._process.exitcode}); its log above has the cause")
 
     # ------------------------------------------------------------ engine facts
 
@@ -264,10 +264,8 @@ class EngineProcess:
                 msg = self._events.recv()
                 if isinstance(msg, Outputs):
                     if self.on_first_scheduled is not None:
-                        for out in msg.outputs:
-                            if out.queue_time is not None:
-                                self.on_first_scheduled(out.queue_time)
-                    loop.call_soon_threadsafe(self._dispatch, msg.outputs)
+                        observe_queue_times(self.on_first_scheduled, msg.outputs)
+                    loop.call_soon_threadsafe(self._streams.dispatch, msg.outputs)
                 elif isinstance(msg, Reply):
                     with self._calls_lock:
                         future = self._calls.pop(msg.call_id, None)
@@ -286,7 +284,7 @@ class EngineProcess:
         self.dead_error = err
         self._fail_calls(err)
         if not loop.is_closed():
-            loop.call_soon_threadsafe(self._fail_all, err)
+            loop.call_soon_threadsafe(self._streams.fail_all, err)
 
     def _fail_calls(self, err: BaseException) -> None:
         with self._calls_lock:
@@ -301,11 +299,3 @@ class EngineProcess:
                 conn.close()
             except OSError:
                 pass
-
-    # ------------------------------------------------------------ event loop side
-
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        self._streams.dispatch(outputs)
-
-    def _fail_all(self, err: BaseException) -> None:
-        self._streams.fail_all(err)

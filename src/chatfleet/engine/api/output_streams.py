@@ -10,12 +10,12 @@ still holds the request (then it must be aborted).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from chatfleet.engine.outputs import RequestOutput
 from chatfleet.errors import ChatfleetError, InvalidRequestError
 
-__all__ = ["OutputStream", "OutputStreams", "RequestFailedError"]
+__all__ = ["OutputStream", "OutputStreams", "RequestFailedError", "observe_queue_times"]
 
 
 class RequestFailedError(ChatfleetError):
@@ -79,3 +79,10 @@ class OutputStreams:
     def fail_all(self, err: BaseException) -> None:
         for stream in self._streams.values():
             stream.queue.put_nowait(err)
+
+
+def observe_queue_times(observe: Callable[[float], None], outputs: list[RequestOutput]) -> None:
+    """Hand ``observe`` the queue time of each request whose first output is among ``outputs``."""
+    for out in outputs:
+        if out.queue_time is not None:
+            observe(out.queue_time)
