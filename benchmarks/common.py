@@ -69,7 +69,9 @@ def load_average() -> list[float]:
 
 @dataclass
 class ServerProcess:
-    """A server started as its own process group; `stop()` ends the whole group."""
+    """A server started as its own process group; `stop()` ends the whole group. It stays in the
+    benchmark's session: a session of its own is a scheduling group of its own (Linux autogroup),
+    where its niced workers would take an equal share of a core from the clients measuring it."""
 
     name: str
     argv: list[str]
@@ -89,7 +91,7 @@ class ServerProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0
         )
 
     def wait_healthy(self, path: str = "/health", timeout_s: float = 600.0) -> float:

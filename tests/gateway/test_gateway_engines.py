@@ -210,3 +210,15 @@ def test_killed_replica_loses_no_request(fleet, engines, gateways):
     state = gw.gateway.replicas[victim]
     assert not state.healthy and state.stats.marked_down == 1
 
+
+
+def test_engines_share_the_callers_session_in_process_groups_of_their_own(fleet):
+    """Priorities hold across the fleet: an engine in a session of its own is a scheduling group
+    of its own (Linux autogroup), so its niced tokenizing worker would share a core equally with
+    the gateway; in the caller's session it yields. Each engine still leads its own process group
+    (a terminal's Ctrl-C reaches the caller, which stops the engines itself)."""
+    import os
+
+    for proc in fleet.processes:
+        assert os.getsid(proc.pid) == os.getsid(0)
+        assert os.getpgid(proc.pid) == proc.pid

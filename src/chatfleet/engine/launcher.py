@@ -10,6 +10,12 @@ ends. On Linux, engines started from the main thread also die with the parent pr
 kernel ties that signal to the starting thread, so engines started from a worker thread would
 die with the thread instead: they do not get it). With ``log_dir`` set, each engine's output
 goes to a file whose tail is quoted when it fails.
+
+Each engine leads a process group of its own (a terminal's Ctrl-C reaches only the caller, which
+stops the engines) but stays in the caller's session: Linux schedules each session as one group
+(autogroup), so an engine in a session of its own would take an equal share of the CPU against
+the gateway whatever its processes' priorities, and its niced tokenizing worker
+(``protocol.worker_priority``) would stall the gateway's streams instead of yielding to them.
 """
 
 from __future__ import annotations
@@ -174,7 +180,7 @@ class Fleet:
             out = open(log, "ab" if append_log else "wb")
         try:
             return subprocess.Popen(
-                self.command(port), env=env, start_new_session=True, stdout=out,
+                self.command(port), env=env, process_group=0, stdout=out,
                 stderr=subprocess.STDOUT if out else None,
                 preexec_fn=_die_with_parent if with_parent else None,
             )
