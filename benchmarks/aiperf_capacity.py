@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="Threads per server.")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="Pinned for every server, vLLM's included (bfloat16 where the CPU has it natively).")
-    p.add_argument("--max-running", type=int, default=8, help="The `all` series' cap (as capacity.py).")
+    p.add_argument("--max-running", type=int, default=16, help="The `all` series' cap (as capacity.py).")
     p.add_argument("--host-cache-memory", default="1GiB", help="The `all` series' host tier (as capacity.py).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aiperf", type=Path, default=AIPERF)
