@@ -217,3 +217,40 @@ def test_the_core_exits_when_the_api_process_dies(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_server_exits_with_status_1_when_its_core_dies(tmp_path):
+    """After a dead core the server answers 503 for a moment, then exits for its supervisor
+    (``chatfleet serve``, Kubernetes) to start a new one, as vLLM's API server does."""
+    from chatfleet.engine.api.core_process import CORE_PROCESS_NAME
+
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.engine", "--model", str(resolve_model("tiny")),
+                             "--port", str(port), "--threads", "1", "--kv-cache-tokens", "4096",
+                             "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "engine.log", "w"))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError((tmp_path / "engine.log").read_text())
+        cores = [c for c in _children(proc.pid)
+                 if Path(f"/proc/{c}/comm").read_text().strip() == CORE_PROCESS_NAME]
+        assert len(cores) == 1, "the core process names itself"
+        os.kill(cores[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 503
+        assert proc.wait(30) == 1
+        assert "the engine is dead" in (tmp_path / "engine.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -15,9 +15,11 @@ API process's work runs on another core. Each step's outputs go back as one mess
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
+import sys
 import threading
 from multiprocessing.connection import Connection
 
@@ -40,6 +42,8 @@ from chatfleet.errors import ChatfleetError, InvalidRequestError
 from chatfleet.protocol.startup_gc import freeze_startup_objects
 from chatfleet.protocol.switch_interval import shorten_switch_interval
 
+CORE_PROCESS_NAME = "chatfleet-core"  # the core's name in ps and /proc/PID/comm
+
 log = logging.getLogger(__name__)
 
 __all__ = ["run_core"]
@@ -50,6 +54,7 @@ Command = AddRequest | AbortRequest | Query | Stop
 def run_core(config: EngineConfig, commands: Connection, events: Connection, log_level: str | None = None,
              check_integrity_when_idle: bool = False) -> None:
     """Build the engine, say Ready (or LoadFailed), then step until Stop or the API process is gone."""
+    name_this_process(CORE_PROCESS_NAME)
     if log_level is not None:
         console_logging(log_level)
     try:
@@ -73,6 +78,16 @@ def run_core(config: EngineConfig, commands: Connection, events: Connection, log
     except BaseException:  # the API process sees the pipe close and answers 503 from then on
         log.exception("engine loop crashed")
         raise
+
+
+def name_this_process(name: str) -> None:
+    """Name the process as ``ps``, ``top`` and ``/proc/PID/comm`` show it (Linux; elsewhere nothing)."""
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class CoreLoop:

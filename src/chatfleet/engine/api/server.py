@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from chatfleet.engine.api.async_engine import AsyncEngine
 from chatfleet.engine.api.auth import Authenticator, Tenant
+from chatfleet.engine.api.dead_engine_exit import DeadEngineWatch
 from chatfleet.engine.api.engine_client import EngineClient
 from chatfleet.engine.api.fanout import interleave, merge_responses, plan_choices, start_choices
 from chatfleet.engine.api.metrics import CONTENT_TYPE
@@ -262,7 +263,8 @@ def build_engine(config: EngineConfig, **kw: Any) -> AsyncEngine:
 def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *,
                log_level: str = "info", options: ServerOptions | None = None) -> None:
     """Load the model, then serve it until interrupted (SIGINT/SIGTERM shut down cleanly). With
-    ``options.engine_process`` (the default) the engine core runs in a process of its own."""
+    ``options.engine_process`` (the default) the engine core runs in a process of its own. If the
+    engine dies, the server stops a moment later and exits with status 1 (``dead_engine_exit``)."""
     options = options or ServerOptions()
     engine: EngineClient
     if options.engine_process:
@@ -275,4 +277,12 @@ def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, 
     app = build_app(engine, model_aliases=aliases, options=options)
     shorten_switch_interval()  # the step loop's thread gets the GIL back soon behind a busy event loop
     freeze_startup_objects()  # the model and the app: no full GC pass walks them again (~210 ms each)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    watch = DeadEngineWatch(engine, stop=partial(setattr, server, "should_exit", True)).start()
+    try:
+        server.run()
+    finally:
+        watch.close()
+    if watch.fired:
+        raise SystemExit(1)  # the engine died: exit so that a supervisor starts a new server
