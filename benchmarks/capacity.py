@@ -21,8 +21,8 @@ vLLM's included) with 1 thread per engine; a device KV budget of
 6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; 8 to 64
 chats in at most 6 points; the tuned series' cap at 16 running requests (admission is
 memory-aware, so the cap bounds the batch, not what the pool holds; 8 queued first turns behind
-the batch at 144 chats in bf16, 32 measured no better than 16) and a 1 GiB host tier (every live chat's history at the knee);
-SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
+the batch at 144 chats in bf16, 32 measured no better than 16) and a 1 GiB host tier (every
+live chat's history at the knee); SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
 long-session profile with its mean pause between turns raised from 2.5 s to 8 s. At 2.5 s a
 pause is only 2-3 times a turn's own time on these cores; real chat users pause for 20 s and
 more between turns of a few seconds, and it is in those pauses that a stock engine loses the
