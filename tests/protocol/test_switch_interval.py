@@ -39,12 +39,14 @@ def test_engine_and_gateway_serve_with_the_short_interval_and_start_up_frozen(re
     frozen: list[int] = []
 
     def served(name: str):
-        return lambda app, **kw: (seen.update({name: sys.getswitchinterval()}), frozen.append(gc.get_freeze_count()))
+        # (returns False: for the engine, "its engine did not die")
+        return lambda app, **kw: bool(seen.update({name: sys.getswitchinterval()})
+                                      or frozen.append(gc.get_freeze_count()))
 
     sys.setswitchinterval(0.005)
     monkeypatch.setattr(engine_server, "build_engine", lambda config: type("E", (), {"model_name": "m"})())
     monkeypatch.setattr(engine_server, "build_app", lambda engine, **kw: object())
-    monkeypatch.setattr(engine_server.uvicorn, "run", served("engine"))
+    monkeypatch.setattr(engine_server, "serve_until_stopped", served("engine"))
     from chatfleet.engine.api.options import ServerOptions
 
     # the API process of either layout (the core process shortens its own: run_core)

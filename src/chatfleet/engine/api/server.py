@@ -277,6 +277,12 @@ def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, 
     app = build_app(engine, model_aliases=aliases, options=options)
     shorten_switch_interval()  # the step loop's thread gets the GIL back soon behind a busy event loop
     freeze_startup_objects()  # the model and the app: no full GC pass walks them again (~210 ms each)
+    if serve_until_stopped(app, engine=engine, host=host, port=port, log_level=log_level):
+        raise SystemExit(1)  # the engine died: exit so that a supervisor starts a new server
+
+
+def serve_until_stopped(app: FastAPI, *, engine: EngineClient, host: str, port: int, log_level: str) -> bool:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, or until the engine died (then True)."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
     watch = DeadEngineWatch(engine, stop=partial(setattr, server, "should_exit", True)).start()
@@ -284,5 +290,4 @@ def run_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, 
         server.run()
     finally:
         watch.close()
-    if watch.fired:
-        raise SystemExit(1)  # the engine died: exit so that a supervisor starts a new server
+    return watch.fired
