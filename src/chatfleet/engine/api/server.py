@@ -288,6 +288,8 @@ def serve_until_stopped(app: FastAPI, *, engine: EngineClient, host: str, port: 
     watch = DeadEngineWatch(engine, stop=partial(setattr, server, "should_exit", True)).start()
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on; as uvicorn.run: a clean exit
+        pass
     finally:
         watch.close()
     return watch.fired
