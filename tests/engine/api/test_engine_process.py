@@ -189,23 +189,28 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_the_core_exits_when_the_api_process_dies(tmp_path):
+def _start_engine_command(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """``python -m chatfleet.engine`` on the tiny model, healthy (its log in tmp_path/engine.log)."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "chatfleet.engine", "--model", str(resolve_model("tiny")),
                              "--port", str(port), "--threads", "1", "--kv-cache-tokens", "4096",
                              "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "engine.log", "w"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError((tmp_path / "engine.log").read_text())
+
+
+def test_the_core_exits_when_the_api_process_dies(tmp_path):
+    proc, port = _start_engine_command(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError((tmp_path / "engine.log").read_text())
         spawned = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
         assert spawned  # the engine core (and the tokenizing worker)
         proc.send_signal(signal.SIGKILL)
@@ -224,22 +229,8 @@ def test_the_server_exits_with_status_1_when_its_core_dies(tmp_path):
     (``chatfleet serve``, Kubernetes) to start a new one, as vLLM's API server does."""
     from chatfleet.engine.api.core_process import CORE_PROCESS_NAME
 
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "chatfleet.engine", "--model", str(resolve_model("tiny")),
-                             "--port", str(port), "--threads", "1", "--kv-cache-tokens", "4096",
-                             "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "engine.log", "w"))
+    proc, port = _start_engine_command(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError((tmp_path / "engine.log").read_text())
         cores = [c for c in _children(proc.pid)
                  if Path(f"/proc/{c}/comm").read_text().strip() == CORE_PROCESS_NAME]
         assert len(cores) == 1, "the core process names itself"
