@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import signal
 import socket
 import time
@@ -211,14 +212,11 @@ def test_killed_replica_loses_no_request(fleet, engines, gateways):
     assert not state.healthy and state.stats.marked_down == 1
 
 
-
 def test_engines_share_the_callers_session_in_process_groups_of_their_own(fleet):
     """Priorities hold across the fleet: an engine in a session of its own is a scheduling group
     of its own (Linux autogroup), so its niced tokenizing worker would share a core equally with
     the gateway; in the caller's session it yields. Each engine still leads its own process group
     (a terminal's Ctrl-C reaches the caller, which stops the engines itself)."""
-    import os
-
     for proc in fleet.processes:
         assert os.getsid(proc.pid) == os.getsid(0)
         assert os.getpgid(proc.pid) == proc.pid
