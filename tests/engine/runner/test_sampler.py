@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chatfleet.engine.request import SamplingParams
-from chatfleet.engine.runner.sampler import Sampler, SamplingRow
+from chatfleet.engine.runner.sampler import Sampler, SamplingRow, first_max
 
 V = 512
 EOS, END = 7, 3  # the row's eos, and another end-of-turn token of the model
@@ -26,6 +26,16 @@ def test_greedy_is_argmax():
     out = Sampler().sample(logits.clone(), rows)
     assert [t.token_id for t in out] == logits.argmax(-1).tolist()
     assert all(t.logprob is None for t in out)
+
+
+def test_first_max_is_argmax_with_ties_and_nans():
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        ties = torch.randint(0, 3, (64, 7190), generator=gen).to(dtype)  # many tied maxima per row
+        ties[3, 100] = ties[3, 50] = float("nan")
+        ties[4] = float("-inf")
+        assert torch.equal(first_max(ties), ties.argmax(dim=-1))
+    assert first_max(torch.tensor([[0.0, 2.0, 2.0, float("nan"), float("nan")]])).tolist() == [3]
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy():

@@ -57,6 +57,13 @@ def top_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], ks: Sequence[
     ]
 
 
+def first_max(x: torch.Tensor) -> torch.Tensor:
+    """Index of each row's largest value, the first where several tie (a NaN counts as largest):
+    what ``argmax(dim=-1)`` returns, through ``max(dim=-1)``, which on the CPU is ~3x faster (a
+    [32, 7,190] float32 batch, one thread: 334 vs 109 us)."""
+    return x.max(dim=-1).indices
+
+
 def _argsort(x: torch.Tensor) -> torch.Tensor:
     """Ascending order along the last dim (numpy on CPU: several times faster than torch.sort)."""
     if x.device.type == "cpu":
@@ -223,10 +230,10 @@ class Sampler:
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         random = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(greedy) == n:
-            tokens = logits.argmax(dim=-1)
+            tokens = first_max(logits)
         elif greedy:
             g_idx = torch.tensor(greedy, device=device)
-            tokens[g_idx] = logits[g_idx].argmax(dim=-1)
+            tokens[g_idx] = first_max(logits[g_idx])
         if random:
             tokens[torch.tensor(random, device=device)] = self._sample_random(logits, [rows[i] for i in random], random)
 
@@ -261,4 +268,4 @@ class Sampler:
             if r.generator is not None:
                 noise[j].uniform_(generator=r.generator)
         # u = 0 gives -inf noise (never picked); -log(-log(u)) is finite for u in (0, 1).
-        return sub.add_(noise.log_().neg_().log_().neg_()).argmax(dim=-1)
+        return first_max(sub.add_(noise.log_().neg_().log_().neg_()))
