@@ -84,6 +84,47 @@ inline __m512 exp2_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// In: r[i] = row i of a 16 x 16 float32 matrix; out: r[j] = its column j.
+inline void transpose16x16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+// float_to_bf16 of 16 floats (round to nearest even, quiet NaNs; subnormals kept, which
+// vcvtneps2bf16 would flush).
+inline __m256i floats_to_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
 struct Shapes {
   int64_t n, hq, hkv, d, d32, start, ctx, ctx32, g, rows, tiles;
   float scale;
@@ -228,11 +269,19 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
     if (parts > 1) _tile_stored(1, ot + 256, 64);
     if (parts > 2) _tile_stored(2, ot + 512, 64);
     if (parts > 3) _tile_stored(3, ot + 768, 64);
-    for (int c = 0; c < kCols; ++c) {
-      if (pos[c] < 0) continue;
-      const int64_t r = r0 + c;
-      uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + d0;
-      for (int64_t dd = 0; dd < parts * 16; ++dd) dst[dd] = float_to_bf16(ot[dd * kCols + c] * inv[c]);
+    // O^T's 16 x 16 pieces scaled by 1 / l (per column: per lane), turned into 16 rows of O and
+    // rounded as float_to_bf16 does, 16 values at a time.
+    const __m512 inv_l = _mm512_load_ps(inv);
+    for (int64_t part = 0; part < parts; ++part) {
+      __m512 rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = _mm512_mul_ps(_mm512_load_ps(ot + (part * 16 + i) * kCols), inv_l);
+      transpose16x16(rows);
+      for (int c = 0; c < kCols; ++c) {
+        if (pos[c] < 0) continue;
+        const int64_t r = r0 + c;
+        uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + d0 + part * 16;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), floats_to_bf16(rows[c]));
+      }
     }
   }
 }
