@@ -149,6 +149,7 @@ class Ranges:
 
         for obj, attr, kind in ((qwen3, "qk_norm_rope", "kernel:qk_norm_rope"),
                                 (qwen3, "rms_norm", "kernel:rms_norm"),
+                                (qwen3, "add_rms_norm", "kernel:rms_norm"),
                                 (qwen3, "silu_and_mul", "kernel:silu_and_mul"),
                                 (prefill_attention.amx, "chunk_attention_amx", "kernel:chunk_attention"),
                                 (prefill_attention.avx512, "chunk_attention_avx512", "kernel:chunk_attention"),

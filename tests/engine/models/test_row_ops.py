@@ -86,6 +86,33 @@ def test_rms_norm_of_strided_and_batched_inputs(dtype):
     assert_same_bits(m.rms_norm(odd, w[:48], 1e-6), m.rms_norm_torch(odd, w[:48], 1e-6))
 
 
+@settings(max_examples=60, deadline=None)
+@given(dtype=DTYPE_STRATEGY, tokens=st.integers(1, 40), n=st.integers(1, 2500), seed=st.integers(0, 2**31),
+       log_scale=st.floats(-30, 30))
+def test_add_rms_norm_equals_the_add_then_the_torch_norm(dtype, tokens, n, seed, log_scale):
+    x, w = _rows(tokens, n, dtype, seed, 2.0**log_scale)
+    residual, _ = _rows(tokens, n, dtype, seed + 1, 2.0**log_scale)
+    want_sum = x.clone().add_(residual)
+    want = m.rms_norm_torch(want_sum, w, 1e-6)
+    got = m.add_rms_norm(x, residual, w, 1e-6)
+    assert_same_bits(got, want)
+    assert_same_bits(x, want_sum)  # x became the residual stream, in place
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_of_specials_and_of_inputs_it_does_not_take(dtype):
+    tiny = torch.finfo(dtype).tiny
+    x = torch.tensor([[tiny / 4] * 40, [1e30] * 40, [float("inf")] + [1.0] * 39, [float("nan")] + [1.0] * 39,
+                      [0.0] * 40]).to(dtype)
+    residual = torch.tensor([[tiny / 4] * 40, [1e30] * 40, [-float("inf")] + [1.0] * 39, [1.0] * 40,
+                             [-0.0] * 40]).to(dtype)
+    w = torch.linspace(-2, 2, 40).to(dtype)
+    want = m.rms_norm_torch(x.clone().add_(residual), w, 1e-6)
+    assert_same_bits(m.add_rms_norm(x.clone(), residual, w, 1e-6), want)
+    strided = torch.cat([x, x], dim=1)[:, :40]  # rows not contiguous: the torch ops run, same result
+    assert_same_bits(m.add_rms_norm(strided, residual, w, 1e-6), want)
+
+
 def _gate_up(tokens: int, inter: int, dtype: torch.dtype, seed: int, scale: float = 4.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(tokens, 2 * inter, generator=g) * scale).to(dtype)

@@ -1,24 +1,24 @@
 """Paged decode attention on the CPU in one small C++ kernel (``paged_decode_cpu.cpp``), with its
 torch reference.
 
-Why hand-written: the torch-op path (``decode_attention.py``) gathers every sequence's K blocks
-into a padded copy (``index_select``), multiplies (``bmm``), softmaxes, and sums V rows with
+Why hand-written: the torch-op path (``decode_attention.py``) gathers every sequence's K blocks into
+a padded copy (``index_select``), multiplies (``bmm``), softmaxes, and sums V rows with
 ``embedding_bag``: K is read twice and written once, scores go through memory in 16 bits, and a
-batch of 32 x 500-token decodes spends ~45% of a decode step there (issue 20's profile). Fused
-SDPA kernels need K/V contiguous per sequence, so they would need the same gather. The kernel
-reads each sequence's K and V rows once, in place in the block pool (next block prefetched),
-keeps scores and the weighted sum in float32 and rounds the output once; every sequence has its
-own context length (no padding, no groups). With AVX-512 and a head dim of 64, 128 or 256 and 1, 2,
-4 or 8 query heads per kv head, the scores are taken 16 keys at a time (per key a vector of
-partial dot products, bf16 pairs through vdpbf16ps where the CPU has AVX512-BF16; the 16 vectors
-summed across lanes at once): bf16, one thread, 32 x 500 tokens x 8 layers, 6.5-6.9 -> 4.8-5.8 ms
-(float32 11.2-11.7 -> 9.9-11.0, bound by reading the cache); other shapes take the plain loops. It is built with the system's C++ compiler at first
-use (about a second, ``-O3 -march=native``, OpenMP over (sequence, kv head) when torch has more
-than one thread), cached by a hash of its source, compiler and CPU under
+batch of 32 x 500-token decodes spends ~45% of a decode step there (issue 20's profile). Fused SDPA
+kernels need K/V contiguous per sequence, so they would need the same gather. The kernel reads each
+sequence's K and V rows once, in place in the block pool (next block prefetched), keeps scores and
+the weighted sum in float32 and rounds the output once; every sequence has its own context length
+(no padding, no groups). With AVX-512 and a head dim of 64, 128 or 256 and 1, 2, 4 or 8 query heads
+per kv head, the scores are taken 16 keys at a time (per key a vector of partial dot products, bf16
+pairs through vdpbf16ps where the CPU has AVX512-BF16; the 16 vectors summed across lanes at once):
+bf16, one thread, 32 x 500 tokens x 8 layers, 6.5-6.9 -> 4.8-5.8 ms (float32 11.2-11.7 -> 9.9-11.0,
+bound by reading the cache); other shapes take the plain loops. It is built with the system's C++
+compiler at first use (about a second, ``-O3 -march=native``, OpenMP over (sequence, kv head) when
+torch has more than one thread), cached by a hash of its source, compiler and CPU under
 ``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes
-(``cpu_kernel_build``): no torch headers, so no extension build. Where no compiler is found or
-the build fails, the caller keeps the torch-op path (``available()`` is False; one log line says
-why); ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
+(``cpu_kernel_build``): no torch headers, so no extension build. Where no compiler is found or the
+build fails, the caller keeps the torch-op path (``available()`` is False; one log line says why);
+``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
 
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
 dtype, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid entries per row),

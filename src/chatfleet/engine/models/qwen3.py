@@ -24,7 +24,7 @@ from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
 from chatfleet.engine.models.row_buckets import padded_rows
-from chatfleet.engine.models.row_ops import rms_norm, silu_and_mul
+from chatfleet.engine.models.row_ops import add_rms_norm, rms_norm, silu_and_mul
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -198,11 +198,21 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = Qwen3MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata | None, cache: KVCache | None, tokens: int | None = None) -> torch.Tensor:
-        # The sublayers' outputs are fresh tensors: the residual adds go into them.
-        x = self.self_attn(self.input_layernorm(x), cos, sin, meta, cache, tokens).add_(x)
-        return self.mlp(self.post_attention_layernorm(x)).add_(x)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata | None, cache: KVCache | None,
+                tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, not yet added to ``residual`` (the first layer: the
+        embeddings, and no residual). Returns this layer's MLP output and the residual stream,
+        the next layer's (or the final norm's) add still to do: each residual add runs with the
+        RMSNorm after it in one pass (``add_rms_norm``), into the sublayer's fresh output tensor."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h = add_rms_norm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+            residual = x
+        a = self.self_attn(h, cos, sin, meta, cache, tokens)
+        h = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return self.mlp(h), a
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -249,10 +259,13 @@ class Qwen3ForCausalLM(nn.Module):
             input_ids, positions = F.pad(input_ids, (0, rows - tokens)), F.pad(positions, (0, rows - tokens))
         cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for i, layer in enumerate(self.decoder_layers):
             cache = kv_caches[i] if kv_caches is not None else None
-            x = layer(x, cos, sin, attn_metadata, cache, tokens)
-        return self.norm(x[:tokens])
+            x, residual = layer(x, residual, cos, sin, attn_metadata, cache, tokens)
+        if residual is None:  # no layers
+            return self.norm(x[:tokens])
+        return add_rms_norm(x[:tokens], residual[:tokens], self.norm.weight, self.norm.eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         table = self.lm_head if self.lm_head is not None else self.embed_tokens

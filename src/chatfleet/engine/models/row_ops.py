@@ -1,5 +1,6 @@
-"""The decoder layer's row-wise hidden-state ops, RMSNorm and SwiGLU's ``silu(gate) * up``, as C++
-passes on the CPU where they build (``row_ops_cpu.cpp``), else as torch ops.
+"""The decoder layer's row-wise hidden-state ops, RMSNorm (alone, or after the residual add in the same
+pass) and SwiGLU's ``silu(gate) * up``, as C++ passes on the CPU where they build
+(``row_ops_cpu.cpp``), else as torch ops.
 
 Why hand-written: as torch ops RMSNorm is a composite of ~8 passes over memory (upcast, ``pow``,
 ``sum``, ``div_``, ``add_``, ``rsqrt``, ``mul``, the rounding and the weight's ``mul``), and SwiGLU's
@@ -55,6 +56,8 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.cf_rms_norm.restype = ctypes.c_int
     lib.cf_rms_norm.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, i64, ctypes.c_int, ctypes.c_int)
+    lib.cf_add_rms_norm.restype = ctypes.c_int
+    lib.cf_add_rms_norm.argtypes = (ptr, ptr, i64, i64, ptr, ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int)
     lib.cf_silu_and_mul.restype = ctypes.c_int
     lib.cf_silu_and_mul.argtypes = (ptr, i64, i64, i64, ptr, ctypes.c_int, i64, ctypes.c_int)
     return None
@@ -119,6 +122,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
                          int(x.dtype == torch.bfloat16), torch.get_num_threads())
     if rc:
         raise RuntimeError(f"RMSNorm C++ kernel refused the shapes (code {rc})")
+    return out
+
+
+def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The torch-op path (and the kernel's reference): ``x += residual`` in place, then its RMSNorm."""
+    return rms_norm(x.add_(residual), weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A decoder layer's residual add and the RMSNorm after it, in one pass: ``x += residual``
+    (in place: x becomes the residual stream), then the RMSNorm of x scaled by weight [n]; the
+    same bits as ``add_rms_norm_torch``."""
+    lib = _LOADER.load()
+    n = x.shape[-1]
+    if (lib is None or not _takes(x, residual, weight) or x.shape != residual.shape or not x.is_contiguous()
+            or not residual.is_contiguous() or weight.shape != (n,) or not weight.is_contiguous() or n == 0):
+        return add_rms_norm_torch(x, residual, weight, eps)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    rc = lib.cf_add_rms_norm(x.data_ptr(), residual.data_ptr(), x.numel() // n, n, weight.data_ptr(), eps,
+                             out.data_ptr(), int(x.dtype == torch.bfloat16), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"add + RMSNorm C++ kernel refused the shapes (code {rc})")
     return out
 
 

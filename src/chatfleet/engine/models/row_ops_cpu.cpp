@@ -2,6 +2,7 @@
 // silu(gate) * up (see row_ops.py for why and how it is built).
 //
 // Each reproduces the torch ops it replaces to the last bit, rounding where they round:
+//   add_rms_norm: a = round(a + res) in place (torch's add_), then rms_norm(a)
 //   rms_norm:     r = 1 / sqrt(sum(x^2) / n + eps), the sum in the order of torch's CPU sum
 //                 kernel (cascade_sum: 8 float lanes, 4 accumulators, 4 cascade levels);
 //                 out = round(round(x * r) * w)  (float32: the same, every rounding a no-op)
@@ -149,16 +150,31 @@ float sum_of_squares(const T* x, int64_t n) {
 }
 
 template <int W, typename T>
+inline void norm_row(const T* xr, int64_t n, const T* weight, float eps, T* o) {
+  const float mean = sum_of_squares<W>(xr, n) / static_cast<float>(n);
+  const float r = 1.0f / std::sqrt(mean + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store(o, i, round_to(load(xr, i) * r, xr) * load(weight, i));
+}
+
+template <int W, typename T>
 void rms_norm(const T* x, int64_t x_stride, int64_t rows, int64_t n, const T* weight, float eps, T* out,
               int64_t out_stride, int threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1 && rows > 1) schedule(static)
+  for (int64_t t = 0; t < rows; ++t) norm_row<W>(x + t * x_stride, n, weight, eps, out + t * out_stride);
+}
+
+// The residual add and the next RMSNorm in one pass per row: a += r (rounded to T, as torch's
+// add_ rounds), then out = rms_norm(a).
+template <int W, typename T>
+void add_rms_norm(T* a, const T* res, int64_t rows, int64_t n, const T* weight, float eps, T* out, int threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows > 1) schedule(static)
   for (int64_t t = 0; t < rows; ++t) {
-    const T* xr = x + t * x_stride;
-    T* o = out + t * out_stride;
-    const float mean = sum_of_squares<W>(xr, n) / static_cast<float>(n);
-    const float r = 1.0f / std::sqrt(mean + eps);
+    T* ar = a + t * n;
+    const T* rr = res + t * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) store(o, i, round_to(load(xr, i) * r, xr) * load(weight, i));
+    for (int64_t i = 0; i < n; ++i) store(ar, i, load(ar, i) + load(rr, i));
+    norm_row<W>(static_cast<const T*>(ar), n, weight, eps, out + t * n);
   }
 }
 
@@ -252,6 +268,21 @@ int cf_rms_norm(const void* x, int64_t x_stride, int64_t rows, int64_t n, const 
   } else {
     rms_norm<kSumLanes>(static_cast<const float*>(x), x_stride, rows, n, static_cast<const float*>(weight), eps,
                         static_cast<float*>(out), out_stride, threads);
+  }
+  return 0;
+}
+
+// a, res, out: [rows, n] contiguous; a += res, then out = RMSNorm(a). Returns 0, or 1 when a size
+// is not positive.
+int cf_add_rms_norm(void* a, const void* res, int64_t rows, int64_t n, const void* weight, float eps, void* out,
+                    int is_bf16, int threads) {
+  if (n < 1 || rows < 0) return 1;
+  if (is_bf16) {
+    add_rms_norm<kSumLanes>(static_cast<uint16_t*>(a), static_cast<const uint16_t*>(res), rows, n,
+                            static_cast<const uint16_t*>(weight), eps, static_cast<uint16_t*>(out), threads);
+  } else {
+    add_rms_norm<kSumLanes>(static_cast<float*>(a), static_cast<const float*>(res), rows, n,
+                            static_cast<const float*>(weight), eps, static_cast<float*>(out), threads);
   }
   return 0;
 }
