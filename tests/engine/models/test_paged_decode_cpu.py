@@ -92,3 +92,33 @@ def test_loading_the_kernel_leaves_subnormals_alone():
     tiny = 5e-324  # the smallest subnormal double
     assert tiny * 1.0 > 0.0
     assert torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() > 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_writes_what_index_copy_writes(dtype):
+    gen = torch.Generator().manual_seed(4)
+    heads, num_blocks, block_size, head_dim, tokens = 2, 9, 16, 64, 37
+    key = torch.randn(heads, num_blocks, block_size, head_dim, generator=gen).to(dtype)
+    value = torch.randn(heads, num_blocks, block_size, head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(tokens, (8 + 2 * heads) * head_dim, generator=gen).to(dtype)  # a fused projection
+    k = qkv[:, 8 * head_dim : (8 + heads) * head_dim].view(tokens, heads, head_dim)  # strided rows
+    v = qkv[:, (8 + heads) * head_dim :].view(tokens, heads, head_dim)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    want_k, want_v = key.clone(), value.clone()
+    want_k.view(heads, -1, head_dim).index_copy_(1, slots, k.transpose(0, 1))
+    want_v.view(heads, -1, head_dim).index_copy_(1, slots, v.transpose(0, 1))
+    assert pdc.store_kv(key, value, slots, k, v)
+    assert torch.equal(key, want_k) and torch.equal(value, want_v)
+
+
+def test_store_kv_refuses_what_it_does_not_take_and_a_slot_outside_the_cache():
+    key = torch.zeros(2, 4, 16, 64)
+    k = torch.ones(3, 2, 64)
+    assert not pdc.store_kv(key, key.clone(), torch.tensor([0, 1, 2]), k.to(torch.bfloat16), k)  # dtypes differ
+    assert not pdc.store_kv(key, key.clone(), torch.tensor([0, 1, 2], dtype=torch.int32), k, k)
+    assert not pdc.store_kv(key, key.clone(), torch.tensor([0, 1, 2]), k.transpose(1, 2).contiguous()
+                            .transpose(1, 2), k)  # head dim not contiguous
+    before = key.clone()
+    with pytest.raises(IndexError):
+        pdc.store_kv(key, key.clone(), torch.tensor([0, 64, 2]), k, k)
+    assert torch.equal(key, before)

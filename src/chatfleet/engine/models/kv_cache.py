@@ -14,6 +14,7 @@ import torch
 
 from chatfleet.engine.models.fp8_cast import fp8_dequantize, to_e4m3_normal
 from chatfleet.engine.models.fp8_format import E4M3_MAX
+from chatfleet.engine.models.paged_decode_cpu import store_kv
 
 FP8 = torch.float8_e4m3fn
 
@@ -56,6 +57,8 @@ class KVCache:
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens: k, v [T, Hkv, D] into the flat slots ``slot_mapping`` [T]."""
         h, nb, bs, d = self.key.shape
+        if not self.is_fp8 and store_kv(self.key, self.value, slot_mapping, k, v):  # one C++ pass on the CPU
+            return
         if self.is_fp8:  # index_copy_ has no FP8 kernel: copy the bytes
             k = quantize_fp8(k, self.k_scale).view(torch.uint8)
             v = quantize_fp8(v, self.v_scale).view(torch.uint8)

@@ -352,3 +352,32 @@ int cf_paged_decode(const void* q, const void* key, const void* value, void* out
 }
 
 }  // extern "C"
+
+extern "C" {
+
+// Stores a step's new keys and values into the paged cache: row t of head h of k (at
+// k + t * k_row + h * k_head, head_dim contiguous elements of elem_bytes) goes to slot slots[t]
+// of head h of key_cache ([heads, slots_per_head, head_dim] contiguous), and the same for v. The
+// torch equivalent (two index_copy_ over transposed views) costs ~25-60 us a layer on one thread.
+// Returns 0, or 1 for a slot out of range (nothing is written then).
+int cf_store_kv(const void* k, int64_t k_row, int64_t k_head, const void* v, int64_t v_row, int64_t v_head,
+                void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t heads,
+                int64_t head_dim, int64_t slots_per_head, int64_t elem_bytes) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (slots[t] < 0 || slots[t] >= slots_per_head) return 1;
+  const int64_t row_bytes = head_dim * elem_bytes;
+  const char* kb = static_cast<const char*>(k);
+  const char* vb = static_cast<const char*>(v);
+  char* kc = static_cast<char*>(key_cache);
+  char* vc = static_cast<char*>(value_cache);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t dst = (h * slots_per_head + slots[t]) * row_bytes;
+      std::memcpy(kc + dst, kb + (t * k_row + h * k_head) * elem_bytes, row_bytes);
+      std::memcpy(vc + dst, vb + (t * v_row + h * v_head) * elem_bytes, row_bytes);
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -49,6 +49,10 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     fn = lib.cf_paged_decode
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    store = lib.cf_store_kv
+    store.restype = ctypes.c_int
+    store.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
+                      + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5)
     return None
 
 
@@ -97,6 +101,30 @@ def paged_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_
     if rc:
         raise RuntimeError(f"paged decode C++ kernel refused the shapes (code {rc})")
     return out
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> bool:
+    """Write k, v [T, Hkv, D] (any row and head strides, D contiguous) into the cache's flat slots
+    ``slots`` [T] (int64) of key/value [Hkv, num_blocks, block_size, D]: what two ``index_copy_``
+    over the cache do, in one pass. False (nothing written) where the kernel does not take the
+    operands: the caller writes with torch ops then."""
+    if key.device.type != "cpu":
+        return False
+    lib = _LOADER.load()
+    if (lib is None or not (key.dtype == value.dtype == k.dtype == v.dtype)
+            or k.shape != v.shape or k.dim() != 3 or k.stride(2) != 1 or v.stride(2) != 1
+            or not key.is_contiguous() or not value.is_contiguous() or slots.dtype != torch.int64
+            or not slots.is_contiguous() or slots.shape != (k.shape[0],) or key.shape[0] != k.shape[1]
+            or key.shape[3] != k.shape[2] or key.shape != value.shape):
+        return False
+    heads, num_blocks, block_size, head_dim = key.shape
+    rc = lib.cf_store_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                         key.data_ptr(), value.data_ptr(), slots.data_ptr(), k.shape[0], heads, head_dim,
+                         num_blocks * block_size, key.element_size())
+    if rc:
+        raise IndexError("a KV slot outside the cache")
+    return True
 
 
 def paged_decode_reference(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_tables: torch.Tensor,
