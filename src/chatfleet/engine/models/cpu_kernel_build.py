@@ -95,14 +95,18 @@ class KernelLoader:
         self._needs = needs
         self._lock = threading.Lock()
         self._tried = False
+        self._done = False  # the outcome is final: load() returns it without the lock
         self._lib: ctypes.CDLL | None = None
 
     def load(self) -> ctypes.CDLL | None:
         """The loaded library, or None where the kernel cannot run here (first call builds it)."""
+        if self._done:  # every kernel call of a decode step asks: no lock once the outcome is known
+            return self._lib
         with self._lock:
             if not self._tried:
                 self._tried = True  # before the work: an exception in it is not retried either
                 self._lib = self._build_and_bind()
+                self._done = True
             return self._lib
 
     def available(self) -> bool:
@@ -113,6 +117,7 @@ class KernelLoader:
         """Forget the outcome, so that the next ``load()`` tries again (for tests that change
         the environment it reads)."""
         with self._lock:
+            self._done = False
             self._tried = False
             self._lib = None
 

@@ -69,8 +69,8 @@ class Linear(nn.Module):
         self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.packed is not None:  # the resolved overload: no overload matching per call
+            return torch.ops.mkldnn._linear_pointwise.default(x, self.packed, self.bias, "none", [], "")
         assert self.weight is not None
         return F.linear(x, self.weight, self.bias)
 

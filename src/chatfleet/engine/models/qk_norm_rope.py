@@ -68,7 +68,7 @@ def qk_norm_rope_torch(qk: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor
 
 def _kernel_takes(qkv: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   head_dim: int) -> bool:
-    return (qkv.device.type == "cpu" and qkv.dtype in DTYPES and qkv.dim() == 2 and qkv.stride(1) == 1
+    return (qkv.is_cpu and qkv.dtype in DTYPES and qkv.dim() == 2 and qkv.stride(1) == 1
             and head_dim % 2 == 0 and head_dim <= MAX_HEAD_DIM
             and all(t.dtype == qkv.dtype and t.is_contiguous() for t in (weight, cos, sin)))
 

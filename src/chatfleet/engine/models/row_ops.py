@@ -37,6 +37,7 @@ contiguous, and autograd (a tensor that needs a gradient).
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -72,6 +73,7 @@ def available() -> bool:
     return _LOADER.available()
 
 
+@functools.cache
 def vector_lanes() -> int:
     """float32 lanes of torch's CPU vectors here (``silu``'s vectorized loop steps by two): 16
     with AVX-512, else 8."""
@@ -94,7 +96,8 @@ def silu_and_mul_torch(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor
 
 def _takes(*tensors: torch.Tensor) -> bool:
     x = tensors[0]
-    return (x.device.type == "cpu" and x.dtype in DTYPES and all(t.dtype == x.dtype for t in tensors)
+    dtype = x.dtype
+    return (x.is_cpu and dtype in DTYPES and all(t.dtype == dtype for t in tensors)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
