@@ -40,7 +40,8 @@ def _close_to_reference(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("n,start,hq,hkv,d", [(1, 0, 1, 1, 64), (1, 40, 8, 2, 64), (7, 0, 4, 2, 48),
                                               (37, 5, 8, 2, 64), (300, 100, 8, 2, 64), (129, 0, 4, 4, 128),
-                                              (50, 33, 16, 2, 80), (17, 0, 2, 1, 256)])
+                                              (50, 33, 16, 2, 80), (17, 0, 2, 1, 256), (64, 1500, 8, 2, 64),
+                                              (700, 0, 8, 2, 64), (40, 1100, 4, 1, 128)])
 def test_the_kernel_matches_float32_attention(n, start, hq, hkv, d):
     q, k, v = _operands(n, start, hq, hkv, d, n + start + d)
     scale = d**-0.5
@@ -99,3 +100,16 @@ def test_onednn_products_after_the_kernel_are_unaffected():
     m.chunk_attention_amx(q, k, v, 0, 0.125)
     again = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True, enable_gqa=True)
     assert torch.equal(sdpa, again)
+
+
+@pytest.mark.parametrize("cuts", [[700, 1, 299, 400], [512, 513, 375], [1, 1399]])
+def test_chunking_never_changes_a_bit_across_key_blocks(cuts):
+    """Prompts longer than a key block (the online softmax's 512 keys), cut inside and at blocks."""
+    n = sum(cuts)
+    q, k, v = _operands(n, 0, 8, 2, 64, n)
+    whole = m.chunk_attention_amx(q, k, v, 0, 0.125)
+    pieces, s = [], 0
+    for c in cuts:
+        pieces.append(m.chunk_attention_amx(q[s : s + c], k[:, : s + c], v[:, : s + c], s, 0.125))
+        s += c
+    assert torch.equal(torch.cat(pieces), whole)

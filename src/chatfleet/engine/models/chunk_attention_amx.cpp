@@ -4,16 +4,19 @@
 // q: [n, Hq, D] (positions start .. start+n-1), k, v: [Hkv, start+n, D] (positions 0 ..), all
 // bf16 bits with unit stride along D; out: [n, Hq, D] contiguous bf16. The g = Hq / Hkv query
 // heads of a KV head are its "columns": row r of a KV head is position r / g, head r % g, and the
-// rows are taken 16 at a time (one tile of columns). For each tile, per KV head:
-//   pass 1 (AMX): S^T[key][col] = K[key] . Q[col] for every key up to the tile's last position,
-//                 16 keys at a time, into a float32 buffer that stays in L2;
-//   softmax (AVX-512, one vector per key holds the 16 columns): m = max over visible keys,
-//                 e = exp(scale * (s - m)) (0 where not visible), l = sum of e in key order,
-//                 e rounded to bf16 in the pair layout AMX takes as its B operand;
-//   pass 2 (AMX): O^T[d][col] = sum over keys V^T[d][key] e[key][col], then O / l, rounded.
-// Every column's result depends only on its own query and on keys taken in fixed blocks from
-// position 0, never on which other rows share its tile: a chunk gives the same bits however the
-// prompt was cut into chunks (keys past a column's position add exact zeros).
+// rows are taken 16 at a time (one tile of columns), and up to 8 tiles of a KV head share a pass
+// over its keys, which go by in fixed blocks of 512 from position 0 (online softmax: each block of
+// K and V^T is read from memory once for the group, not once per tile). Per tile and key block:
+//   scores (AMX): S^T[key][col] = K[key] . Q[col], 16 keys at a time, into a float32 buffer;
+//   softmax (AVX-512, one vector per key holds the 16 columns): the block's max over visible keys;
+//                 where a column's running max m grows, its sum l and O^T so far are scaled by
+//                 exp(scale * (m_old - m_new)); e = exp(scale * (s - m)) (0 where not visible),
+//                 l += e in key order, e rounded to bf16 in the pair layout AMX takes as B;
+//   O^T (AMX):    O^T[d][col] += sum over the block's keys V^T[d][key] e[key][col].
+// At the end O = O^T / l, rounded. Every column's result depends only on its own query and on
+// keys taken in fixed blocks from position 0, never on which other rows share its tile or group:
+// a chunk gives the same bits however the prompt was cut into chunks (keys past a column's
+// position add exact zeros, and a block it sees none of leaves its state as it was).
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,6 +38,8 @@ constexpr int kCols = 16;     // columns (query rows) per tile
 constexpr int kKeys1 = 16;    // keys per pass-1 block (rows of the S^T tile)
 constexpr int kKeys2 = 32;    // keys per pass-2 block (the bf16 pairs of one B tile)
 constexpr int kMaxHeadDim = 256;
+constexpr int64_t kKeyBlock = 512;  // keys per block of the online softmax (a multiple of kKeys2)
+constexpr int64_t kMaxGroup = 8;    // tiles that share each block of K and V^T
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -130,26 +135,31 @@ struct Shapes {
   float scale;
 };
 
-// One tile of 16 columns of KV head h. kp: [ctx32][d32] (zero-padded K of head h), vt: [d][ctx32]
-// (V^T of head h, zero-padded); qb, st, pb, ot: this thread's scratch.
-void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, int64_t q_st, int64_t q_sh,
-                 const uint16_t* kp, const uint16_t* vt, uint16_t* out, uint16_t* qb, float* st, uint16_t* pb,
-                 float* ot) {
-  const int64_t r0 = tile * kCols;
-  const int64_t r1 = std::min(s.rows, r0 + kCols);
+// One tile of 16 columns of a KV head, while the keys go by block: its columns' positions, its
+// queries as AMX's B operand, and its running softmax state (max m and sum l per column, the
+// unnormalized O^T in float32).
+struct TileState {
   alignas(64) int32_t pos[kCols];
-  for (int c = 0; c < kCols; ++c) pos[c] = r0 + c < r1 ? static_cast<int32_t>(s.start + (r0 + c) / s.g) : -1;
-  const int64_t pmin = s.start + r0 / s.g;
-  const int64_t kv_end = s.start + (r1 - 1) / s.g + 1;  // keys the tile's last column sees
-  const int64_t kv_end2 = round_up(kv_end, kKeys2);
+  int64_t r0, r1, pmin, kv_end;
+  uint16_t* qb;  // [d32 / 2][kCols][2]
+  float* ot;     // [d][kCols]
+  __m512 m, l;
+};
 
+void start_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, int64_t q_st, int64_t q_sh,
+                TileState& t) {
+  t.r0 = tile * kCols;
+  t.r1 = std::min(s.rows, t.r0 + kCols);
+  for (int c = 0; c < kCols; ++c) t.pos[c] = t.r0 + c < t.r1 ? static_cast<int32_t>(s.start + (t.r0 + c) / s.g) : -1;
+  t.pmin = s.start + t.r0 / s.g;
+  t.kv_end = s.start + (t.r1 - 1) / s.g + 1;  // keys the tile's last column sees
   // Q^T as AMX's B operand: qb[dh][pair][col][2] = Q[col][dh * 32 + 2 * pair + {0, 1}]
   // (a pair of bf16 is one 32-bit word: word w of a query row goes to qb32[w * 16 + col])
-  std::memset(qb, 0, sizeof(uint16_t) * s.d32 * kCols);
-  uint32_t* qb32 = reinterpret_cast<uint32_t*>(qb);
+  std::memset(t.qb, 0, sizeof(uint16_t) * s.d32 * kCols);
+  uint32_t* qb32 = reinterpret_cast<uint32_t*>(t.qb);
   for (int c = 0; c < kCols; ++c) {
-    if (pos[c] < 0) continue;
-    const int64_t r = r0 + c;
+    if (t.pos[c] < 0) continue;
+    const int64_t r = t.r0 + c;
     const uint16_t* src = q + (r / s.g) * q_st + (h * s.g + r % s.g) * q_sh;
     for (int64_t w = 0; w < s.d / 2; ++w) {
       uint32_t word;
@@ -157,17 +167,23 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
       qb32[w * kCols + c] = word;
     }
   }
+  std::memset(t.ot, 0, sizeof(float) * s.d * kCols);
+  t.m = _mm512_set1_ps(-INFINITY);
+  t.l = _mm512_setzero_ps();
+}
 
-  // pass 1: S^T, 16 keys per tile, four tiles at a time (independent accumulators tmm4-7, so the
-  // products overlap); Q^T stays in tmm0 (and tmm1) when D <= 64. Then the running max over the
-  // keys each column sees, read back from L1 right after the tiles are stored.
-  const __m512i posv = _mm512_load_si512(pos);
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  const int64_t nkb = (kv_end + kKeys1 - 1) / kKeys1;
+// Keys [j0, j1) of one tile (j0 a multiple of kKeys2, j1 <= the tile's kv_end): scores on AMX into
+// st, the block's max, the running state rescaled where a column's max grew, the numerators in
+// bf16 pairs (pb), and O^T += V^T E on AMX. st, pb: scratch for kKeyBlock keys.
+void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uint16_t* kp, const uint16_t* vt,
+                float* st, uint16_t* pb) {
+  const __m512i posv = _mm512_load_si512(t.pos);
+  const int64_t nkb = (j1 - j0 + kKeys1 - 1) / kKeys1;
   const int64_t nd = s.d32 / 32;
   const int kstride = static_cast<int>(s.d32 * 2);
-  _tile_loadd(0, qb, 64);
-  if (nd == 2) _tile_loadd(1, qb + 512, 64);
+  __m512 m = _mm512_set1_ps(-INFINITY);  // this block's max over the keys each column sees
+  _tile_loadd(0, t.qb, 64);
+  if (nd == 2) _tile_loadd(1, t.qb + 512, 64);
   for (int64_t kb = 0; kb < nkb; kb += 4) {
     const int64_t blocks = std::min<int64_t>(4, nkb - kb);
     _tile_zero(4);
@@ -175,9 +191,9 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
     _tile_zero(6);
     _tile_zero(7);
     for (int64_t dh = 0; dh < nd; ++dh) {
-      if (nd > 2) _tile_loadd(0, qb + dh * 512, 64);
+      if (nd > 2) _tile_loadd(0, t.qb + dh * 512, 64);
       const bool high = nd == 2 && dh == 1;
-      const uint16_t* kd = kp + kb * kKeys1 * s.d32 + dh * 32;
+      const uint16_t* kd = kp + (j0 + kb * kKeys1) * s.d32 + dh * 32;
 #define CF_SCORES(ACC, KT, I)                                  \
       if ((I) < blocks) {                                      \
         _tile_loadd(KT, kd + (I) * kKeys1 * s.d32, kstride);   \
@@ -198,58 +214,72 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
     if (blocks > 1) _tile_stored(5, block + 256, 64);
     if (blocks > 2) _tile_stored(6, block + 512, 64);
     if (blocks > 3) _tile_stored(7, block + 768, 64);
-    const int64_t j0 = kb * kKeys1;
-    const int64_t j1 = std::min(kv_end, j0 + blocks * kKeys1);
-    const int64_t full = std::min(j1, pmin + 1);  // rows every column sees
-    int64_t j = j0;
-    for (; j < full; ++j) m = _mm512_max_ps(m, _mm512_loadu_ps(st + j * kCols));
-    for (; j < j1; ++j) {
+    const int64_t a = j0 + kb * kKeys1;
+    const int64_t b = std::min(j1, a + blocks * kKeys1);
+    const int64_t full = std::min(b, t.pmin + 1);  // keys every column sees
+    int64_t j = a;
+    for (; j < full; ++j) m = _mm512_max_ps(m, _mm512_loadu_ps(st + (j - j0) * kCols));
+    for (; j < b; ++j) {
       const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j)), posv);
-      m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + j * kCols));
+      m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (j - j0) * kCols));
     }
   }
-
-  // softmax numerators, per column (lane)
-  // e = exp(scale * (s - m)) = 2^(s * c - m * c), c = scale * log2(e): one fused multiply-subtract
+  // e = exp(scale * (s - m)) = 2^(s * c - m * c), c = scale * log2(e). Where a column's running
+  // max grows, its sum and O^T so far are scaled by 2^((m_old - m_new) * c) (lanes whose max
+  // stays keep exactly what they had).
   const __m512 c = _mm512_set1_ps(s.scale * 1.44269504088896341f);
-  const __m512 mc = _mm512_mul_ps(m, c);
+  const __m512 m_new = _mm512_max_ps(t.m, m);  // a column that sees no key here keeps its max
+  const __mmask16 grew = _mm512_cmp_ps_mask(m_new, t.m, _CMP_GT_OQ);
+  if (grew) {
+    // the first block: every column's old max is -inf and its sum and O^T are zero
+    const __m512 alpha = _mm512_mask_blend_ps(
+        grew, _mm512_set1_ps(1.0f),
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(t.m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                             exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(t.m, m_new), c)), _mm512_setzero_ps()));
+    t.l = _mm512_mul_ps(t.l, alpha);
+    for (int64_t dd = 0; dd < s.d; ++dd)
+      _mm512_store_ps(t.ot + dd * kCols, _mm512_mul_ps(_mm512_load_ps(t.ot + dd * kCols), alpha));
+  }
+  t.m = m_new;
+  const __m512 mc = _mm512_mul_ps(m_new, c);
   const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  __m512 l = _mm512_setzero_ps();
-  for (int64_t j = 0; j < kv_end2; j += 2) {
+  const int64_t j2 = j0 + round_up(j1 - j0, kKeys2);
+  __m512 l = t.l;
+  for (int64_t j = j0; j < j2; j += 2) {
     __m512 e[2];
-    for (int t = 0; t < 2; ++t) {
-      const int64_t key = j + t;
-      if (key >= kv_end) {
-        e[t] = _mm512_setzero_ps();
+    for (int u = 0; u < 2; ++u) {
+      const int64_t key = j + u;
+      if (key >= j1) {
+        e[u] = _mm512_setzero_ps();
         continue;
       }
-      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(st + key * kCols), c, mc);
-      if (key <= pmin) {  // every column sees it
-        e[t] = exp2_nonpositive(x);
+      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(st + (key - j0) * kCols), c, mc);
+      if (key <= t.pmin) {  // every column sees it
+        e[u] = exp2_nonpositive(x);
       } else {
         const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(key)), posv);
-        e[t] = _mm512_maskz_mov_ps(seen, exp2_nonpositive(x));
+        e[u] = _mm512_maskz_mov_ps(seen, exp2_nonpositive(x));
       }
-      l = _mm512_add_ps(l, e[t]);
+      l = _mm512_add_ps(l, e[u]);
     }
     const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]);  // e0 low, e1 high
-    _mm512_storeu_si512(pb + j * kCols, _mm512_permutexvar_epi16(pair_index, both));
+    _mm512_storeu_si512(pb + (j - j0) * kCols, _mm512_permutexvar_epi16(pair_index, both));
   }
+  t.l = l;
 
-  // pass 2: O^T = V^T E, up to 64 values of D (4 accumulator tiles) at a time
-  alignas(64) float inv[kCols];
-  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l));
+  // O^T += V^T E, up to 64 values of D (4 accumulator tiles) at a time
   const int vstride = static_cast<int>(s.ctx32 * 2);
   for (int64_t d0 = 0; d0 < s.d; d0 += 64) {
     const int64_t parts = std::min<int64_t>(4, (s.d - d0) / 16);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kb = 0; kb < kv_end2 / kKeys2; ++kb) {
+    float* o = t.ot + d0 * kCols;
+    _tile_loadd(0, o, 64);
+    if (parts > 1) _tile_loadd(1, o + 256, 64);
+    if (parts > 2) _tile_loadd(2, o + 512, 64);
+    if (parts > 3) _tile_loadd(3, o + 768, 64);
+    for (int64_t kb = 0; kb < (j2 - j0) / kKeys2; ++kb) {
       _tile_loadd(5, pb + kb * kKeys2 * kCols, 64);
-      const uint16_t* a = vt + d0 * s.ctx32 + kb * kKeys2;
+      const uint16_t* a = vt + d0 * s.ctx32 + j0 + kb * kKeys2;
       _tile_loadd(4, a, vstride);
       _tile_dpbf16ps(0, 4, 5);
       if (parts > 1) {
@@ -265,25 +295,45 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, in
         _tile_dpbf16ps(3, 4, 5);
       }
     }
-    _tile_stored(0, ot, 64);
-    if (parts > 1) _tile_stored(1, ot + 256, 64);
-    if (parts > 2) _tile_stored(2, ot + 512, 64);
-    if (parts > 3) _tile_stored(3, ot + 768, 64);
-    // O^T's 16 x 16 pieces scaled by 1 / l (per column: per lane), turned into 16 rows of O and
-    // rounded as float_to_bf16 does, 16 values at a time.
-    const __m512 inv_l = _mm512_load_ps(inv);
-    for (int64_t part = 0; part < parts; ++part) {
-      __m512 rows[16];
-      for (int i = 0; i < 16; ++i) rows[i] = _mm512_mul_ps(_mm512_load_ps(ot + (part * 16 + i) * kCols), inv_l);
-      transpose16x16(rows);
-      for (int c = 0; c < kCols; ++c) {
-        if (pos[c] < 0) continue;
-        const int64_t r = r0 + c;
-        uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + d0 + part * 16;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), floats_to_bf16(rows[c]));
-      }
+    _tile_stored(0, o, 64);
+    if (parts > 1) _tile_stored(1, o + 256, 64);
+    if (parts > 2) _tile_stored(2, o + 512, 64);
+    if (parts > 3) _tile_stored(3, o + 768, 64);
+  }
+}
+
+// O = O^T's columns / l, rounded, into out: 16 x 16 pieces transposed, 16 values at a time.
+void finish_tile(const Shapes& s, int64_t h, const TileState& t, uint16_t* out) {
+  const __m512 inv_l = _mm512_div_ps(_mm512_set1_ps(1.0f), t.l);
+  for (int64_t part = 0; part < s.d / 16; ++part) {
+    __m512 rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = _mm512_mul_ps(_mm512_load_ps(t.ot + (part * 16 + i) * kCols), inv_l);
+    transpose16x16(rows);
+    for (int c = 0; c < kCols; ++c) {
+      if (t.pos[c] < 0) continue;
+      const int64_t r = t.r0 + c;
+      uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + part * 16;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), floats_to_bf16(rows[c]));
     }
   }
+}
+
+// Tiles [first, first + count) of KV head h, the keys taken kKeyBlock at a time for all of them,
+// so that each block of K and V^T is read from memory once for the group (it stays in L1/L2 for
+// the group's other tiles) instead of once per tile. kp: [ctx32][d32] (zero-padded K of head h),
+// vt: [d][ctx32] (V^T of head h, zero-padded).
+void attend_group(const Shapes& s, int64_t h, int64_t first, int64_t count, const uint16_t* q, int64_t q_st,
+                  int64_t q_sh, const uint16_t* kp, const uint16_t* vt, uint16_t* out, TileState* tiles, float* st,
+                  uint16_t* pb) {
+  int64_t kv_end = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    start_tile(s, h, first + i, q, q_st, q_sh, tiles[i]);
+    kv_end = std::max(kv_end, tiles[i].kv_end);
+  }
+  for (int64_t j0 = 0; j0 < kv_end; j0 += kKeyBlock)
+    for (int64_t i = 0; i < count; ++i)
+      if (j0 < tiles[i].kv_end) tile_block(s, tiles[i], j0, std::min(j0 + kKeyBlock, tiles[i].kv_end), kp, vt, st, pb);
+  for (int64_t i = 0; i < count; ++i) finish_tile(s, h, tiles[i], out);
 }
 
 #endif  // CF_HAVE_AMX
@@ -340,20 +390,29 @@ extern "C" int cf_chunk_attention_amx(const uint16_t* q, int64_t q_st, int64_t q
     }
   }
 
+  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(kMaxGroup, 1024 / s.d));  // O^T: <= 64 KiB
+  const int64_t groups = (s.tiles + group - 1) / group;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     configure_tiles();
-    std::vector<uint16_t> qb(static_cast<size_t>(s.d32 * kCols));
-    std::vector<float> st(static_cast<size_t>(s.ctx32 * kCols));
-    std::vector<uint16_t> pb(static_cast<size_t>(s.ctx32 * kCols));
-    alignas(64) float ot[64 * kCols];
+    std::vector<uint16_t> qb(static_cast<size_t>(group * s.d32 * kCols));
+    std::vector<float> ot(static_cast<size_t>(group * s.d * kCols) + 16);
+    std::vector<float> st(static_cast<size_t>(kKeyBlock * kCols) + 16);
+    std::vector<uint16_t> pb(static_cast<size_t>(kKeyBlock * kCols) + 32);
+    std::vector<TileState> tiles(static_cast<size_t>(group));
+    float* ot64 = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(ot.data()) + 63) & ~uintptr_t{63});
+    for (int64_t i = 0; i < group; ++i) {
+      tiles[i].qb = qb.data() + i * s.d32 * kCols;
+      tiles[i].ot = ot64 + i * s.d * kCols;
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < hkv * s.tiles; ++w) {
-      // the longest tiles (last rows: most keys) first, for the dynamic schedule
+    for (int64_t w = 0; w < hkv * groups; ++w) {
+      // the longest groups (last rows: most keys) first, for the dynamic schedule
       const int64_t h = w % hkv;
-      const int64_t tile = s.tiles - 1 - w / hkv;
-      attend_tile(s, h, tile, q, q_st, q_sh, kp.data() + h * s.ctx32 * s.d32, vt.data() + h * s.d * s.ctx32,
-                  out, qb.data(), st.data(), pb.data(), ot);
+      const int64_t gi = groups - 1 - w / hkv;
+      const int64_t first = gi * group;
+      attend_group(s, h, first, std::min(group, s.tiles - first), q, q_st, q_sh, kp.data() + h * s.ctx32 * s.d32,
+                   vt.data() + h * s.d * s.ctx32, out, tiles.data(), st.data(), pb.data());
     }
     _tile_release();
   }

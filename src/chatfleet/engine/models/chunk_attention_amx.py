@@ -1,5 +1,5 @@
-"""Causal attention of a bf16 prompt chunk with Intel AMX tiles, in one C++ pass per tile of 16
-query rows (``chunk_attention_amx.cpp``), where the CPU has AMX.
+"""Causal attention of a bf16 prompt chunk with Intel AMX tiles, in one C++ pass per group of
+tiles of 16 query rows (``chunk_attention_amx.cpp``), where the CPU has AMX.
 
 Why hand-written: the ``onednn`` path (``prefill_attention``) runs each block of query rows as two
 oneDNN products with the scores materialized between them, and in bf16 the scores' round trips
@@ -9,8 +9,11 @@ float32 casts of the scores 39 ms. PyTorch's fused SDPA kernel is faster on AMX 
 the same bits when a prompt is cut into other chunks (it tiles keys relative to the chunk), which
 the engine's greedy-equivalence guarantees need. Here every query row's result depends only on
 its own query and on the keys taken in fixed blocks from position 0, so chunking never changes a
-bit; the scores of a 16-row tile stay in L2 (64 bytes per key), softmax runs with one AVX-512
-vector per key, and both products run on AMX tiles.
+bit; softmax runs with one AVX-512 vector per key, and both products run on AMX tiles. Up to 8
+tiles share a pass over the keys in blocks of 512 (online softmax), so that a long context's K and
+V are read once per 128 query rows rather than once per 16: one thread, 8 x 64 heads over 2 kv,
+the old and the new build interleaved in one process, 500 new tokens over 5,500 cached 21.2 ->
+16.9 ms a layer, 200 over 5,800 8.2 -> 6.8 ms; prompts of 500 and 2,000 from position 0 the same.
 
 Takes bf16 q [n, Hq, D], k, v [Hkv, start + n, D] (keys from position 0, no sliding window), D a
 multiple of 16 up to 256, unit stride along D. Built like the other CPU kernels
