@@ -17,7 +17,8 @@ def test_objects_alive_at_start_up_are_frozen_and_garbage_is_collected_first():
         garbage = Node()
         del garbage  # a cycle: only the collector frees it
         frozen = freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() > 0
+        # (other threads of the test process may free frozen objects meanwhile: never more frozen)
+        assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
         assert not any(type(o) is Node and o not in kept for o in gc.get_objects())  # collected, not frozen
         assert all(not gc.is_tracked(o) or o not in gc.get_objects() for o in kept)  # frozen: not walked
     finally:
