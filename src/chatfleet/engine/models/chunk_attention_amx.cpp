@@ -43,14 +43,6 @@ constexpr int64_t kMaxGroup = 8;    // tiles that share each block of K and V^T
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, like torch
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
 #if CF_HAVE_AMX
 
 struct alignas(64) TileConfig {
@@ -118,8 +110,8 @@ inline void transpose16x16(__m512* r) {
   }
 }
 
-// float_to_bf16 of 16 floats (round to nearest even, quiet NaNs; subnormals kept, which
-// vcvtneps2bf16 would flush).
+// 16 floats rounded to bf16 as torch rounds (to nearest even, NaNs quieted; subnormals kept,
+// which vcvtneps2bf16 would flush).
 inline __m256i floats_to_bf16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));

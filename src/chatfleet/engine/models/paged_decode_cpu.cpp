@@ -81,6 +81,18 @@ inline void for_each_row(const T* cache, const int64_t* table, int64_t ctx, int6
   }
 }
 
+// s[t] = exp(s[t] - max) for the ctx scores of one query head, in place; returns 1 / their sum.
+inline float softmax_numerators(float* s, int64_t ctx) {
+  float m = -FLT_MAX;  // scores are finite (-ffast-math assumes no infinities)
+  for (int64_t t = 0; t < ctx; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < ctx; ++t) {
+    s[t] = std::exp(s[t] - m);
+    sum += s[t];
+  }
+  return 1.f / sum;
+}
+
 constexpr int MAX_HEAD_DIM = 512;
 
 // D: the head dim as a compile-time constant (64, 128, 256: the inner loops unroll), or 0 for
@@ -110,15 +122,7 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
   });
   float inv_sum[8];
   for (int g = 0; g < G; ++g) {
-    float* s = scores.data() + static_cast<size_t>(g) * ctx;
-    float m = -FLT_MAX;  // scores are finite (-ffast-math assumes no infinities)
-    for (int64_t t = 0; t < ctx; ++t) m = s[t] > m ? s[t] : m;
-    float sum = 0.f;
-    for (int64_t t = 0; t < ctx; ++t) {
-      s[t] = std::exp(s[t] - m);
-      sum += s[t];
-    }
-    inv_sum[g] = 1.f / sum;
+    inv_sum[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * ctx, ctx);
     for (int i = 0; i < d; ++i) acc[g][i] = 0.f;
   }
   // Weighted sum of V: every value row read once.
@@ -232,17 +236,7 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
     }
   }
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) {
-    float* s = scores.data() + static_cast<size_t>(g) * padded;
-    float mx = -FLT_MAX;  // scores are finite (-ffast-math assumes no infinities)
-    for (int64_t t = 0; t < ctx; ++t) mx = s[t] > mx ? s[t] : mx;
-    float sum = 0.f;
-    for (int64_t t = 0; t < ctx; ++t) {
-      s[t] = std::exp(s[t] - mx);
-      sum += s[t];
-    }
-    inv_sum[g] = 1.f / sum;
-  }
+  for (int g = 0; g < G; ++g) inv_sum[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * padded, ctx);
   __m512 acc[G][NF];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NF; ++j) acc[g][j] = _mm512_setzero_ps();
