@@ -109,7 +109,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: tor
     ``slots`` [T] (int64) of key/value [Hkv, num_blocks, block_size, D]: what two ``index_copy_``
     over the cache do, in one pass. False (nothing written) where the kernel does not take the
     operands: the caller writes with torch ops then."""
-    if key.device.type != "cpu":
+    if not key.is_cpu:
         return False
     lib = _LOADER.load()
     if (lib is None or not (key.dtype == value.dtype == k.dtype == v.dtype)

@@ -129,7 +129,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The torch-op path (and the kernel's reference): ``x += residual`` in place, then its RMSNorm."""
+    """The fallback: ``x += residual`` in place as a torch op, then ``rms_norm`` (the tests check the
+    kernel against ``add_`` and ``rms_norm_torch``)."""
     return rms_norm(x.add_(residual), weight, eps)
 
 
