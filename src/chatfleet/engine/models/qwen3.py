@@ -24,7 +24,8 @@ from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
 from chatfleet.engine.models.row_buckets import padded_rows
-from chatfleet.engine.models.row_ops import add_rms_norm, rms_norm, silu_and_mul
+from chatfleet.engine.models.row_ops import add_rms_norm, rms_norm
+from chatfleet.engine.models.swiglu import GateUpLinear, swiglu
 from chatfleet.errors import ConfigError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
@@ -182,12 +183,13 @@ class Qwen3MLP(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # silu(gate) * up, as one C++ pass where it builds (row_ops.py), else as the torch ops.
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.intermediate_size))
+        # silu(gate) * up: in oneDNN's epilogues where packed in bfloat16, else the product then
+        # one C++ pass (row_ops.py) or the torch ops (swiglu.py).
+        return self.down_proj(swiglu(self.gate_up_proj, x, self.intermediate_size))
 
 
 class Qwen3DecoderLayer(nn.Module):
