@@ -11,6 +11,13 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define CF_HAVE_AVX512 1
+#else
+#define CF_HAVE_AVX512 0
+#endif
+
 namespace {
 
 inline float bf16_to_float(uint16_t x) {
@@ -76,9 +83,95 @@ void run(const T* qkv, int64_t row_stride, int64_t tokens, int64_t heads, int64_
   }
 }
 
+#if CF_HAVE_AVX512
+// The same arithmetic 16 lanes at a time, for head dims whose halves are whole vectors (32, 64,
+// 128, 256). A token's heads go in two passes: every head's sum of squares and 1 / rms first (the
+// heads' reductions, square roots and divisions are independent chains the core overlaps), then
+// each head's scale and rotation. Rounding to bfloat16 takes vcvtneps2bf16 where the CPU has it.
+// 500 tokens x 10 heads of 64 in bfloat16, one thread of an AMX Xeon: 306 us as the scalar loops
+// below (each head's chain latency-bound), 148 us here. The sum of squares
+// adds 16 lanes then reduces them, another order than torch's (the tests bound the difference).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+inline __m256i to_bf16_bits(__m512 x) {  // round to nearest even, NaN quieted (float_to_bf16, 16 at a time)
+  const __m512i bits = _mm512_castps_si512(x);
+#if defined(__AVX512BF16__)
+  // vcvtneps2bf16 rounds the same way (checked on all 2^32 floats) except that it flushes
+  // denormal inputs to zero: 16 values with no zero or denormal among them take it, the rest the
+  // integer path below.
+  if (!_mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000))) return (__m256i)_mm512_cvtneps_pbh(x);
+#endif
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+inline __m512 round16(__m512 x, const float*) { return x; }
+inline __m512 round16(__m512 x, const uint16_t*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(x)), 16));
+}
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(x)); }
+
+constexpr int64_t kMaxHeads = 1024;
+
+template <typename T, int D>
+void run_avx512(const T* qkv, int64_t row_stride, int64_t tokens, int64_t heads, const T* weight, const T* cos,
+                const T* sin, float eps, T* out, int threads) {
+  constexpr int kVectors = D / 16, kHalf = kVectors / 2;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && tokens > 1) schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    float inv_rms[kMaxHeads];
+    const T* row = qkv + t * row_stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      __m512 ss = _mm512_setzero_ps();
+      for (int v = 0; v < kVectors; ++v) {
+        const __m512 x = load16(row + h * D + v * 16);
+        ss = _mm512_add_ps(ss, _mm512_mul_ps(x, x));
+      }
+      inv_rms[h] = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(D) + eps);
+    }
+    const T* c = cos + t * D;
+    const T* s = sin + t * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* x = row + h * D;
+      const T* w = weight + h * D;
+      const __m512 r = _mm512_set1_ps(inv_rms[h]);
+      __m512 y[kVectors];
+      for (int v = 0; v < kVectors; ++v)
+        y[v] = round16(_mm512_mul_ps(round16(_mm512_mul_ps(load16(x + v * 16), r), x), load16(w + v * 16)), x);
+      T* o = out + (t * heads + h) * D;
+      for (int v = 0; v < kVectors; ++v) {  // first half rotated by the second, second by the first
+        const __m512 a = round16(_mm512_mul_ps(y[v], load16(c + v * 16)), x);
+        const __m512 other = y[v < kHalf ? v + kHalf : v - kHalf];
+        store16(o + v * 16, _mm512_add_ps(a, _mm512_mul_ps(other, load16(s + v * 16))));
+      }
+    }
+  }
+}
+#endif
+
 template <typename T>
 void dispatch(const T* qkv, int64_t row_stride, int64_t tokens, int64_t heads, int64_t d, const T* weight,
               const T* cos, const T* sin, float eps, T* out, int threads) {
+#if CF_HAVE_AVX512
+  if (heads <= kMaxHeads) {
+    switch (d) {
+      case 32: run_avx512<T, 32>(qkv, row_stride, tokens, heads, weight, cos, sin, eps, out, threads); return;
+      case 64: run_avx512<T, 64>(qkv, row_stride, tokens, heads, weight, cos, sin, eps, out, threads); return;
+      case 128: run_avx512<T, 128>(qkv, row_stride, tokens, heads, weight, cos, sin, eps, out, threads); return;
+      case 256: run_avx512<T, 256>(qkv, row_stride, tokens, heads, weight, cos, sin, eps, out, threads); return;
+      default: break;
+    }
+  }
+#endif
   switch (d) {
     case 64: run<T, 64>(qkv, row_stride, tokens, heads, d, weight, cos, sin, eps, out, threads); return;
     case 128: run<T, 128>(qkv, row_stride, tokens, heads, d, weight, cos, sin, eps, out, threads); return;
