@@ -11,7 +11,8 @@
 //   softmax (AVX-512, one vector per key holds the 16 columns): the block's max over visible keys;
 //                 where a column's running max m grows, its sum l and O^T so far are scaled by
 //                 exp(scale * (m_old - m_new)); e = exp(scale * (s - m)) (0 where not visible),
-//                 l += e in key order, e rounded to bf16 in the pair layout AMX takes as B;
+//                 l += the block's e (summed in 4 chains by key % 4, then added), e rounded to
+//                 bf16 in the pair layout AMX takes as B;
 //   O^T (AMX):    O^T[d][col] += sum over the block's keys V^T[d][key] e[key][col].
 // At the end O = O^T / l, rounded. Every column's result depends only on its own query and on
 // keys taken in fixed blocks from position 0, never on which other rows share its tile or group:
@@ -173,7 +174,10 @@ void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uin
   const int64_t nkb = (j1 - j0 + kKeys1 - 1) / kKeys1;
   const int64_t nd = s.d32 / 32;
   const int kstride = static_cast<int>(s.d32 * 2);
-  __m512 m = _mm512_set1_ps(-INFINITY);  // this block's max over the keys each column sees
+  // this block's max over the keys each column sees, in 4 chains (key % 4) so that the maxes
+  // overlap instead of waiting on each other (max is exact: any order gives the same value)
+  __m512 mx[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                  _mm512_set1_ps(-INFINITY)};
   _tile_loadd(0, t.qb, 64);
   if (nd == 2) _tile_loadd(1, t.qb + 512, 64);
   for (int64_t kb = 0; kb < nkb; kb += 4) {
@@ -210,12 +214,15 @@ void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uin
     const int64_t b = std::min(j1, a + blocks * kKeys1);
     const int64_t full = std::min(b, t.pmin + 1);  // keys every column sees
     int64_t j = a;
-    for (; j < full; ++j) m = _mm512_max_ps(m, _mm512_loadu_ps(st + (j - j0) * kCols));
+    for (; j + 4 <= full; j += 4)
+      for (int u = 0; u < 4; ++u) mx[u] = _mm512_max_ps(mx[u], _mm512_loadu_ps(st + (j + u - j0) * kCols));
+    for (; j < full; ++j) mx[0] = _mm512_max_ps(mx[0], _mm512_loadu_ps(st + (j - j0) * kCols));
     for (; j < b; ++j) {
       const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j)), posv);
-      m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (j - j0) * kCols));
+      mx[j & 3] = _mm512_mask_max_ps(mx[j & 3], seen, mx[j & 3], _mm512_loadu_ps(st + (j - j0) * kCols));
     }
   }
+  const __m512 m = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
   // e = exp(scale * (s - m)) = 2^(s * c - m * c), c = scale * log2(e). Where a column's running
   // max grows, its sum and O^T so far are scaled by 2^((m_old - m_new) * c) (lanes whose max
   // stays keep exactly what they had).
@@ -237,10 +244,14 @@ void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uin
   const __m512i pair_index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const int64_t j2 = j0 + round_up(j1 - j0, kKeys2);
-  __m512 l = t.l;
-  for (int64_t j = j0; j < j2; j += 2) {
-    __m512 e[2];
-    for (int u = 0; u < 2; ++u) {
+  // the block's numerators summed in 4 chains (key - j0 = 4i + u into chain u), added at the end
+  // of the block: independent adds overlap where one running sum made each wait on the last. The
+  // blocks start at fixed positions, so every column's sums still go in the same order however
+  // the prompt was chunked (keys past its position add exact zeros).
+  __m512 ls[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t j = j0; j < j2; j += 4) {
+    __m512 e[4];
+    for (int u = 0; u < 4; ++u) {
       const int64_t key = j + u;
       if (key >= j1) {
         e[u] = _mm512_setzero_ps();
@@ -253,15 +264,17 @@ void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uin
         const __mmask16 seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(key)), posv);
         e[u] = _mm512_maskz_mov_ps(seen, exp2_nonpositive(x));
       }
-      l = _mm512_add_ps(l, e[u]);
+      ls[u] = _mm512_add_ps(ls[u], e[u]);
     }
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]);  // e0 low, e1 high
-    _mm512_storeu_si512(pb + (j - j0) * kCols, _mm512_permutexvar_epi16(pair_index, both));
+    for (int u = 0; u < 4; u += 2) {
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e[u + 1], e[u]);  // e[u] low, e[u + 1] high
+      _mm512_storeu_si512(pb + (j + u - j0) * kCols, _mm512_permutexvar_epi16(pair_index, both));
+    }
   }
-  t.l = l;
+  t.l = _mm512_add_ps(t.l, _mm512_add_ps(_mm512_add_ps(ls[0], ls[1]), _mm512_add_ps(ls[2], ls[3])));
 
   // O^T += V^T E, up to 64 values of D (4 accumulator tiles) at a time
-  const int vstride = static_cast<int>(s.ctx32 * 2);
+  constexpr int vstride = kKeys2 * 2;  // V^T is stored in [d][32]-key pieces: each tile is 1 KiB in a row
   for (int64_t d0 = 0; d0 < s.d; d0 += 64) {
     const int64_t parts = std::min<int64_t>(4, (s.d - d0) / 16);
     float* o = t.ot + d0 * kCols;
@@ -271,19 +284,19 @@ void tile_block(const Shapes& s, TileState& t, int64_t j0, int64_t j1, const uin
     if (parts > 3) _tile_loadd(3, o + 768, 64);
     for (int64_t kb = 0; kb < (j2 - j0) / kKeys2; ++kb) {
       _tile_loadd(5, pb + kb * kKeys2 * kCols, 64);
-      const uint16_t* a = vt + d0 * s.ctx32 + j0 + kb * kKeys2;
+      const uint16_t* a = vt + (j0 / kKeys2 + kb) * s.d * kKeys2 + d0 * kKeys2;
       _tile_loadd(4, a, vstride);
       _tile_dpbf16ps(0, 4, 5);
       if (parts > 1) {
-        _tile_loadd(6, a + 16 * s.ctx32, vstride);
+        _tile_loadd(6, a + 16 * kKeys2, vstride);
         _tile_dpbf16ps(1, 6, 5);
       }
       if (parts > 2) {
-        _tile_loadd(7, a + 32 * s.ctx32, vstride);
+        _tile_loadd(7, a + 32 * kKeys2, vstride);
         _tile_dpbf16ps(2, 7, 5);
       }
       if (parts > 3) {
-        _tile_loadd(4, a + 48 * s.ctx32, vstride);
+        _tile_loadd(4, a + 48 * kKeys2, vstride);
         _tile_dpbf16ps(3, 4, 5);
       }
     }
@@ -313,7 +326,8 @@ void finish_tile(const Shapes& s, int64_t h, const TileState& t, uint16_t* out) 
 // Tiles [first, first + count) of KV head h, the keys taken kKeyBlock at a time for all of them,
 // so that each block of K and V^T is read from memory once for the group (it stays in L1/L2 for
 // the group's other tiles) instead of once per tile. kp: [ctx32][d32] (zero-padded K of head h),
-// vt: [d][ctx32] (V^T of head h, zero-padded).
+// vt: [ctx32 / 32][d][32] (V^T of head h, zero-padded, in pieces of 32 keys: a piece's tiles are
+// contiguous 1 KiB reads where rows ctx32 apart each touched another page).
 void attend_group(const Shapes& s, int64_t h, int64_t first, int64_t count, const uint16_t* q, int64_t q_st,
                   int64_t q_sh, const uint16_t* kp, const uint16_t* vt, uint16_t* out, TileState* tiles, float* st,
                   uint16_t* pb) {
@@ -365,7 +379,7 @@ extern "C" int cf_chunk_attention_amx(const uint16_t* q, int64_t q_st, int64_t q
   s.scale = scale;
   if (threads < 1) threads = 1;
 
-  // K zero-padded to [ctx32][d32] and V^T to [d][ctx32], per KV head
+  // K zero-padded to [ctx32][d32] and V^T to [ctx32 / 32][d][32], per KV head
   std::vector<uint16_t> kp(static_cast<size_t>(hkv * s.ctx32 * s.d32), 0);
   std::vector<uint16_t> vt(static_cast<size_t>(hkv * s.d * s.ctx32), 0);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -378,7 +392,8 @@ extern "C" int cf_chunk_attention_amx(const uint16_t* q, int64_t q_st, int64_t q
     for (int64_t j = j0; j < j1; ++j) {
       std::memcpy(kh + j * s.d32, k + h * k_sh + j * k_st, sizeof(uint16_t) * d);
       const uint16_t* vr = v + h * v_sh + j * v_st;
-      for (int64_t dd = 0; dd < d; ++dd) vh[dd * s.ctx32 + j] = vr[dd];
+      uint16_t* piece = vh + j0 * d;  // [d][32] for keys j0 .. j0 + 31
+      for (int64_t dd = 0; dd < d; ++dd) piece[dd * kKeys2 + (j - j0)] = vr[dd];
     }
   }
 
