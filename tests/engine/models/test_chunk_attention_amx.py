@@ -102,9 +102,9 @@ def test_onednn_products_after_the_kernel_are_unaffected():
     assert torch.equal(sdpa, again)
 
 
-@pytest.mark.parametrize("cuts", [[700, 1, 299, 400], [512, 513, 375], [1, 1399]])
+@pytest.mark.parametrize("cuts", [[700, 1, 299, 400], [512, 513, 375], [1, 1399], [128, 129, 127, 1016]])
 def test_chunking_never_changes_a_bit_across_key_blocks(cuts):
-    """Prompts longer than a key block (the online softmax's 512 keys), cut inside and at blocks."""
+    """Prompts longer than a key block (the online softmax's 128 keys), cut inside and at blocks."""
     n = sum(cuts)
     q, k, v = _operands(n, 0, 8, 2, 64, n)
     whole = m.chunk_attention_amx(q, k, v, 0, 0.125)

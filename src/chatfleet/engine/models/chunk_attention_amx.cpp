@@ -5,14 +5,13 @@
 // bf16 bits with unit stride along D; out: [n, Hq, D] contiguous bf16. The g = Hq / Hkv query
 // heads of a KV head are its "columns": row r of a KV head is position r / g, head r % g, and the
 // rows are taken 16 at a time (one tile of columns), and up to 8 tiles of a KV head share a pass
-// over its keys, which go by in fixed blocks of 512 from position 0 (online softmax: each block of
+// over its keys, which go by in fixed blocks of 128 from position 0 (online softmax: each block of
 // K and V^T is read from memory once for the group, not once per tile). Per tile and key block:
 //   scores (AMX): S^T[key][col] = K[key] . Q[col], 16 keys at a time, into a float32 buffer;
 //   softmax (AVX-512, one vector per key holds the 16 columns): the block's max over visible keys;
 //                 where a column's running max m grows, its sum l and O^T so far are scaled by
 //                 exp(scale * (m_old - m_new)); e = exp(scale * (s - m)) (0 where not visible),
-//                 l += the block's e (summed in 4 chains by key % 4, then added), e rounded to
-//                 bf16 in the pair layout AMX takes as B;
+//                 l += e in key order, e rounded to bf16 in the pair layout AMX takes as B;
 //   O^T (AMX):    O^T[d][col] += sum over the block's keys V^T[d][key] e[key][col].
 // At the end O = O^T / l, rounded. Every column's result depends only on its own query and on
 // keys taken in fixed blocks from position 0, never on which other rows share its tile or group:
@@ -39,7 +38,9 @@ constexpr int kCols = 16;     // columns (query rows) per tile
 constexpr int kKeys1 = 16;    // keys per pass-1 block (rows of the S^T tile)
 constexpr int kKeys2 = 32;    // keys per pass-2 block (the bf16 pairs of one B tile)
 constexpr int kMaxHeadDim = 256;
-constexpr int64_t kKeyBlock = 512;  // keys per block of the online softmax (a multiple of kKeys2)
+// keys per block of the online softmax (a multiple of kKeys2): a block's K and V^T (16 KiB each
+// at D = 64) stay in L1 while the group's tiles take it in turn; 512 made them L2 reads each time
+constexpr int64_t kKeyBlock = 128;
 constexpr int64_t kMaxGroup = 8;    // tiles that share each block of K and V^T
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -65,16 +66,15 @@ void configure_tiles() {  // every tile 16 rows x 64 bytes
   _tile_loadconfig(&cfg);
 }
 
-// 2^x for x <= 0: 2^round(x) * 2^f with f in [-1/2, 1/2] by its Taylor polynomial of degree 5
-// (relative error < 3e-6: the numerators are rounded to bf16, 4e-3, before they are used). Inputs
+// 2^x for x <= 0: 2^round(x) * 2^f with f in [-1/2, 1/2] by its Taylor polynomial of degree 4
+// (relative error < 5e-5: the numerators are rounded to bf16, 4e-3, before they are used). Inputs
 // below -100 give ~2^-100 (a numerator next to the maximum's 1), never a subnormal: subnormal
 // arithmetic takes microcode assists, several times slower.
 inline __m512 exp2_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3333558146e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+  __m512 p = _mm512_set1_ps(9.6181291076e-3f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
