@@ -59,6 +59,21 @@ def test_another_source_or_flags_build_another_library(source):
     assert lib.f() == 8
 
 
+def test_a_changed_header_of_the_source_builds_another_library(source):
+    """A header the source includes with quotes from its folder (as the kernels include
+    bf16_bits.h) is part of the cache key: editing only the header rebuilds."""
+    header = source.parent / "value.h"
+    header.write_text("#pragma once\nconstexpr int kValue = 7;\n")
+    source.write_text('#include "value.h"\nextern "C" int f() { return kValue; }\n')
+    cxx = compiler()
+    first = build_library(cxx, source, FLAGS, LINK_FLAGS)
+    assert ctypes.CDLL(str(first)).f() == 7
+    header.write_text("#pragma once\nconstexpr int kValue = 9;\n")
+    second = build_library(cxx, source, FLAGS, LINK_FLAGS)
+    assert second != first
+    assert ctypes.CDLL(str(second)).f() == 9
+
+
 def test_a_failing_build_raises_oserror(source):
     source.write_text("this is not C++\n")
     with pytest.raises(OSError, match="failed"):

@@ -26,6 +26,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_bits.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__)
 #define CF_HAVE_AMX 1
 #else
@@ -111,17 +113,6 @@ inline void transpose16x16(__m512* r) {
   }
 }
 
-// 16 floats rounded to bf16 as torch rounds (to nearest even, NaNs quieted; subnormals kept,
-// which vcvtneps2bf16 would flush).
-inline __m256i floats_to_bf16(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
 
 struct Shapes {
   int64_t n, hq, hkv, d, d32, start, ctx, ctx32, g, rows, tiles;
@@ -318,7 +309,7 @@ void finish_tile(const Shapes& s, int64_t h, const TileState& t, uint16_t* out) 
       if (t.pos[c] < 0) continue;
       const int64_t r = t.r0 + c;
       uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * s.d + part * 16;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), floats_to_bf16(rows[c]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), cf_bf16::from_floats(rows[c]));
     }
   }
 }

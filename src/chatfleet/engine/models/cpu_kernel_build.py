@@ -1,6 +1,7 @@
 """How the CPU kernels (``paged_decode_cpu``, ``qk_norm_rope``, ``row_ops``, ``chunk_attention_amx``,
 ``chunk_attention_avx512``) are built and loaded: each is one C++ file, built with the system's
-C++ compiler at first use (``$CXX``, else g++, c++ or clang++), cached by a hash of its source,
+C++ compiler at first use (``$CXX``, else g++, c++ or clang++), cached by a hash of its source
+(with the headers it includes from its folder: ``bf16_bits.h``, the shared bf16 rounding),
 the compiler (path and ``--version``), the flags and the CPU (``-march=native`` depends on it) under
 ``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes: no
 torch headers, so no extension build.
@@ -18,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -48,11 +50,23 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def source_text(source: Path) -> str:
+    """``source`` and, after it, each header it includes with quotes from its own folder (the
+    kernels' shared ``bf16_bits.h``), so that a header's change rebuilds every kernel using it."""
+    text = source.read_text()
+    headers = [source.parent / name for name in _LOCAL_INCLUDE.findall(text)]
+    return "\n".join([text, *(h.read_text() for h in headers if h.is_file())])
+
+
 def build_library(cxx: str, source: Path, flags: tuple[str, ...], link_flags: tuple[str, ...]) -> Path:
-    """Build ``source`` into a shared library once (cached by a hash of the source, compiler,
-    flags and CPU) and return its path; OSError where the compiler fails."""
+    """Build ``source`` into a shared library once (cached by a hash of the source and the
+    headers it includes, compiler, flags and CPU) and return its path; OSError where the
+    compiler fails."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join((source.read_text(), cxx, version, " ".join(flags + link_flags),
+    digest = hashlib.sha256("\n".join((source_text(source), cxx, version, " ".join(flags + link_flags),
                                        _cpu_signature()))
                             .encode()).hexdigest()[:16]
     target = _cache_dir() / f"{source.stem}-{digest}.so"

@@ -14,22 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_bits.h"
+
 namespace {
-
-inline float bf16_to_float(uint16_t x) {
-  uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, like torch
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int d);
@@ -41,7 +28,7 @@ inline void load_row<float>(const float* src, float* dst, int d) {
 
 template <>
 inline void load_row<uint16_t>(const uint16_t* src, float* dst, int d) {
-  for (int i = 0; i < d; ++i) dst[i] = bf16_to_float(src[i]);
+  for (int i = 0; i < d; ++i) dst[i] = cf_bf16::to_float(src[i]);
 }
 
 inline void store_row(const float* src, float* dst, int d, float s) {
@@ -49,7 +36,7 @@ inline void store_row(const float* src, float* dst, int d, float s) {
 }
 
 inline void store_row(const float* src, uint16_t* dst, int d, float s) {
-  for (int i = 0; i < d; ++i) dst[i] = float_to_bf16(src[i] * s);
+  for (int i = 0; i < d; ++i) dst[i] = cf_bf16::from_float(src[i] * s);
 }
 
 // Calls f(t, row) for positions t = 0 .. ctx - 1 of one kv head, block by block through `table`,

@@ -11,8 +11,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16_bits.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define CF_HAVE_AVX512 1
 #else
 #define CF_HAVE_AVX512 0
@@ -20,27 +21,12 @@
 
 namespace {
 
-inline float bf16_to_float(uint16_t x) {
-  uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even, like torch (branch-free: vectorizes)
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
 inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) { return bf16_to_float(p[i]); }
+inline float load(const uint16_t* p, int64_t i) { return cf_bf16::to_float(p[i]); }
 inline float round_to(float f, const float*) { return f; }
-inline float round_to(float f, const uint16_t*) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_to(float f, const uint16_t*) { return cf_bf16::round(f); }
 inline void store(float* p, int64_t i, float f) { p[i] = f; }
-inline void store(uint16_t* p, int64_t i, float f) { p[i] = float_to_bf16(f); }
+inline void store(uint16_t* p, int64_t i, float f) { p[i] = cf_bf16::from_float(f); }
 
 constexpr int kMaxHeadDim = 512;
 
@@ -87,38 +73,16 @@ void run(const T* qkv, int64_t row_stride, int64_t tokens, int64_t heads, int64_
 // The same arithmetic 16 lanes at a time, for head dims whose halves are whole vectors (32, 64,
 // 128, 256). A token's heads go in two passes: every head's sum of squares and 1 / rms first (the
 // heads' reductions, square roots and divisions are independent chains the core overlaps), then
-// each head's scale and rotation. Rounding to bfloat16 takes vcvtneps2bf16 where the CPU has it.
+// each head's scale and rotation. Rounding to bfloat16 as in bf16_bits.h (vcvtneps2bf16 mostly).
 // 500 tokens x 10 heads of 64 in bfloat16, one thread of an AMX Xeon: 306 us as the scalar loops
 // below (each head's chain latency-bound), 148 us here. The sum of squares
 // adds 16 lanes then reduces them, another order than torch's (the tests bound the difference).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
-inline __m256i to_bf16_bits(__m512 x) {  // round to nearest even, NaN quieted (float_to_bf16, 16 at a time)
-  const __m512i bits = _mm512_castps_si512(x);
-#if defined(__AVX512BF16__)
-  // vcvtneps2bf16 rounds the same way (checked on all 2^32 floats) except that it flushes
-  // denormal inputs to zero: 16 values with no zero or denormal among them take it, the rest the
-  // integer path below.
-  if (!_mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000))) return (__m256i)_mm512_cvtneps_pbh(x);
-#endif
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
-}
-
+inline __m512 load16(const uint16_t* p) { return cf_bf16::load16(p); }
 inline __m512 round16(__m512 x, const float*) { return x; }
-inline __m512 round16(__m512 x, const uint16_t*) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16_bits(x)), 16));
-}
+inline __m512 round16(__m512 x, const uint16_t*) { return cf_bf16::round16(x); }
 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(x)); }
+inline void store16(uint16_t* p, __m512 x) { cf_bf16::store16(p, x); }
 
 constexpr int64_t kMaxHeads = 1024;
 
