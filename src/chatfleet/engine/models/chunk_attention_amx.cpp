@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bf16_bits.h"
+#include "vec_exp2.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__)
 #define CF_HAVE_AMX 1
@@ -68,21 +69,7 @@ void configure_tiles() {  // every tile 16 rows x 64 bytes
   _tile_loadconfig(&cfg);
 }
 
-// 2^x for x <= 0: 2^floor(x) * 2^f with f = x - floor(x) in [0, 1) (vreduceps, exact) and 2^f by a
-// degree-4 polynomial fitted on [0, 1] (relative error < 3e-6: the numerators are rounded to
-// bf16, 4e-3, before they are used); vscalefps takes floor(x) itself. Inputs below -100 give
-// ~2^-100 (a numerator next to the maximum's 1), never a subnormal: subnormal arithmetic takes
-// microcode assists, several times slower.
-inline __m512 exp2_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
-  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.352060e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.203743e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4142749e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9300662e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000252f));
-  return _mm512_scalef_ps(p, x);
-}
+using cf_vec::exp2_nonpositive;  // vec_exp2.h
 
 // In: r[i] = row i of a 16 x 16 float32 matrix; out: r[j] = its column j.
 inline void transpose16x16(__m512* r) {

@@ -1,7 +1,7 @@
 """How the CPU kernels (``paged_decode_cpu``, ``qk_norm_rope``, ``row_ops``, ``chunk_attention_amx``,
 ``chunk_attention_avx512``) are built and loaded: each is one C++ file, built with the system's
 C++ compiler at first use (``$CXX``, else g++, c++ or clang++), cached by a hash of its source
-(with the headers it includes from its folder: ``bf16_bits.h``, the shared bf16 rounding),
+(with the headers it includes from its folder: ``bf16_bits.h``, ``vec_exp2.h``, shared by several),
 the compiler (path and ``--version``), the flags and the CPU (``-march=native`` depends on it) under
 ``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes: no
 torch headers, so no extension build.
@@ -55,7 +55,8 @@ _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 def source_text(source: Path) -> str:
     """``source`` and, after it, each header it includes with quotes from its own folder (the
-    kernels' shared ``bf16_bits.h``), so that a header's change rebuilds every kernel using it."""
+    kernels' shared ``bf16_bits.h`` and ``vec_exp2.h``), so that a header's change rebuilds every
+    kernel using it."""
     text = source.read_text()
     headers = [source.parent / name for name in _LOCAL_INCLUDE.findall(text)]
     return "\n".join([text, *(h.read_text() for h in headers if h.is_file())])

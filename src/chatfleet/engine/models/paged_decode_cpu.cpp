@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bf16_bits.h"
+#include "vec_exp2.h"
 
 namespace {
 
@@ -141,6 +142,36 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
+#if defined(__AVX512DQ__)
+// softmax_numerators 16 scores at a time, for the bf16 cache (its outputs are rounded to bf16:
+// vec_exp2.h's 2^x, relative error < 3e-6, instead of libm's exp; the max and the sum in 4
+// chains each). s is padded to a multiple of 16 (the pad is not read: masked loads). b32 x 500
+// tokens x 8 layers, bf16, one thread of an AMX Xeon: the softmax 0.85 -> ~0.25 ms of ~5.4.
+inline float softmax_numerators16(float* s, int64_t ctx) {
+  const int64_t whole = ctx / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (ctx - whole)) - 1);
+  __m512 m4[4] = {_mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX),
+                  _mm512_set1_ps(-FLT_MAX)};
+  int64_t t = 0;
+  for (; t < whole; t += 16) m4[(t >> 4) & 3] = _mm512_max_ps(m4[(t >> 4) & 3], _mm512_loadu_ps(s + t));
+  if (tail) m4[0] = _mm512_mask_max_ps(m4[0], tail, m4[0], _mm512_maskz_loadu_ps(tail, s + whole));
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3])));
+  const __m512 c = _mm512_set1_ps(1.44269504088896341f), mc = _mm512_set1_ps(m * 1.44269504088896341f);
+  __m512 sum4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (t = 0; t < whole; t += 16) {
+    const __m512 e = cf_vec::exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(s + t), c, mc));
+    _mm512_storeu_ps(s + t, e);
+    sum4[(t >> 4) & 3] = _mm512_add_ps(sum4[(t >> 4) & 3], e);
+  }
+  if (tail) {
+    const __m512 e = cf_vec::exp2_nonpositive(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(tail, s + whole), c, mc));
+    _mm512_mask_storeu_ps(s + whole, tail, e);
+    sum4[0] = _mm512_add_ps(sum4[0], _mm512_maskz_mov_ps(tail, e));
+  }
+  return 1.f / _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(sum4[0], sum4[1]), _mm512_add_ps(sum4[2], sum4[3])));
+}
+#endif
+
 // 16 values of a row as float32 (bf16 widened exactly).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {
@@ -223,7 +254,14 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
     }
   }
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) inv_sum[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * padded, ctx);
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores.data() + static_cast<size_t>(g) * padded;
+#if defined(__AVX512DQ__)
+    inv_sum[g] = std::is_same_v<T, uint16_t> ? softmax_numerators16(sg, ctx) : softmax_numerators(sg, ctx);
+#else
+    inv_sum[g] = softmax_numerators(sg, ctx);
+#endif
+  }
   __m512 acc[G][NF];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < NF; ++j) acc[g][j] = _mm512_setzero_ps();
