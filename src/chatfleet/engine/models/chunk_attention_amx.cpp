@@ -100,7 +100,6 @@ inline void transpose16x16(__m512* r) {
   }
 }
 
-
 struct Shapes {
   int64_t n, hq, hkv, d, d32, start, ctx, ctx32, g, rows, tiles;
   float scale;
@@ -366,11 +365,10 @@ extern "C" int cf_chunk_attention_amx(const uint16_t* q, int64_t q_st, int64_t q
     const int64_t j0 = (hb % (s.ctx32 / kKeys2)) * kKeys2;
     const int64_t j1 = std::min(s.ctx, j0 + kKeys2);
     uint16_t* kh = kp.data() + h * s.ctx32 * s.d32;
-    uint16_t* vh = vt.data() + h * s.d * s.ctx32;
+    uint16_t* piece = vt.data() + h * s.d * s.ctx32 + j0 * d;  // V^T [d][32] for keys j0 .. j0 + 31
     for (int64_t j = j0; j < j1; ++j) {
       std::memcpy(kh + j * s.d32, k + h * k_sh + j * k_st, sizeof(uint16_t) * d);
       const uint16_t* vr = v + h * v_sh + j * v_st;
-      uint16_t* piece = vh + j0 * d;  // [d][32] for keys j0 .. j0 + 31
       for (int64_t dd = 0; dd < d; ++dd) piece[dd * kKeys2 + (j - j0)] = vr[dd];
     }
   }

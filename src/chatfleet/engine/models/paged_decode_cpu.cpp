@@ -174,10 +174,7 @@ inline float softmax_numerators16(float* s, int64_t ctx) {
 
 // 16 values of a row as float32 (bf16 widened exactly).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+inline __m512 load16(const uint16_t* p) { return cf_bf16::load16(p); }
 
 // A query row in the form its dot products take: float32 vectors for a float32 cache; for bf16,
 // with AVX512-BF16, the raw pairs vdpbf16ps multiplies exactly and sums in float32.
