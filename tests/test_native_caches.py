@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from chatfleet.native_caches import CACHE_VARIABLES, bound_native_caches
+from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES, CACHE_VARIABLES, bound_native_caches, widen_native_cache
 
 # Run in a fresh interpreter: the caps are read when torch loads. Prefill attention products of
 # ever new context lengths, as a serving engine sees them; RSS after the caches could have
@@ -40,6 +40,24 @@ def test_bound_native_caches_keeps_a_value_already_set():
     bound_native_caches(env)
     assert env["LRU_CACHE_CAPACITY"] == "8"
     assert all(env[name].isdigit() for name in CACHE_VARIABLES)
+
+
+def test_widen_raises_only_what_chatfleet_set_in_this_or_a_parent_process():
+    env = {"LRU_CACHE_CAPACITY": "8"}
+    bound_native_caches(env)
+    assert not widen_native_cache("LRU_CACHE_CAPACITY", 4096, env)  # the user's
+    assert env["LRU_CACHE_CAPACITY"] == "8"
+    assert widen_native_cache("ONEDNN_PRIMITIVE_CACHE_CAPACITY", 4096, env)  # chatfleet's
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "4096"
+    child = dict(env)  # a process started with this environment, importing chatfleet again
+    bound_native_caches(child)
+    assert widen_native_cache("ONEDNN_PRIMITIVE_CACHE_CAPACITY", 8192, child)
+    assert child["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8192"
+    assert widen_native_cache("ONEDNN_PRIMITIVE_CACHE_CAPACITY", 16, child)  # never lowered
+    assert child["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8192"
+    fresh = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CACHE_ENTRIES)}  # the user's, equal to the default
+    bound_native_caches(fresh)
+    assert BOUND_MARK in fresh and not widen_native_cache("ONEDNN_PRIMITIVE_CACHE_CAPACITY", 4096, fresh)
 
 
 def test_memory_stays_flat_as_kernel_shapes_keep_changing():

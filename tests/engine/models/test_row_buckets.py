@@ -3,6 +3,8 @@ model's output over a bucketed step equals the unpadded one's)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ from chatfleet.engine.models import qwen3, row_buckets
 from chatfleet.engine.models.dtype import native_bf16
 from chatfleet.engine.models.linear import onednn_available
 from chatfleet.engine.models.loader import load_model
+from chatfleet.engine.models.prefill_attention import runs_in_onednn
+from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES
 
 
 def test_padded_rows_keeps_small_steps_and_rounds_the_rest_up_to_a_bucket():
@@ -41,3 +45,54 @@ def test_a_padded_step_gives_the_unpadded_hidden_states(monkeypatch, dtype, toke
         plain = loaded.model(ids, torch.arange(tokens))
     assert padded.shape == plain.shape == (tokens, loaded.config.hidden_size)
     torch.testing.assert_close(padded, plain, rtol=0, atol=0)
+
+
+_EVERY_BUCKET_TWICE = """
+import sys, torch
+from chatfleet.engine.builtin_models.tiny import resolve_model
+from chatfleet.engine.models import row_buckets
+from chatfleet.engine.models.loader import load_model
+from chatfleet.engine.models.prefill_attention import runs_in_onednn
+from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES
+torch.set_num_threads(1)
+loaded = load_model(resolve_model("tiny"), dtype=sys.argv[1], kernels="onednn")
+counts = sorted({row_buckets.padded_rows(t) for t in range(1, 2049)})
+with torch.inference_mode():
+    for rows in counts:
+        loaded.model(torch.ones(rows, dtype=torch.long), torch.arange(rows))
+    print("=== second pass", flush=True)
+    for rows in counts[:8]:
+        loaded.model(torch.ones(rows, dtype=torch.long), torch.arange(rows))
+"""
+
+
+def _second_pass_misses(env_capacity: str | None, dtype: str) -> int:
+    """oneDNN's own report (ONEDNN_VERBOSE) of primitives built again when the first row counts
+    come back after every other bucket ran once, in a fresh process."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in (row_buckets.PRIMITIVE_CACHE_ENV, BOUND_MARK)}
+    env["ONEDNN_VERBOSE"] = "profile_create"
+    if env_capacity is not None:
+        env[row_buckets.PRIMITIVE_CACHE_ENV] = env_capacity
+    out = subprocess.run([sys.executable, "-c", _EVERY_BUCKET_TWICE, dtype], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    first, _, second = out.partition("=== second pass")
+    assert "create:cache_hit" in first  # the verbose report is there (8 layers share each shape)
+    return second.count("create:cache_miss")
+
+
+@pytest.mark.skipif(not onednn_available(torch.device("cpu"), torch.float32)
+                    or runs_in_onednn(torch.float32, 48), reason="no oneDNN, or attention in oneDNN here")  # tiny: D 48
+def test_every_bucket_stays_in_onednns_primitive_cache():
+    assert _second_pass_misses(None, "float32") == 0  # the engine's reservation
+    # A capacity the user set is kept: at native_caches' bound the first buckets' primitives go.
+    assert _second_pass_misses(str(CACHE_ENTRIES), "float32") > 0
+
+
+def test_the_reservation_keeps_a_capacity_the_user_set(monkeypatch):
+    monkeypatch.setenv(row_buckets.PRIMITIVE_CACHE_ENV, "64")
+    monkeypatch.delenv(BOUND_MARK, raising=False)
+    assert not row_buckets.reserve_primitive_cache()
+    assert os.environ[row_buckets.PRIMITIVE_CACHE_ENV] == "64"

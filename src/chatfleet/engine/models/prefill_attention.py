@@ -106,6 +106,18 @@ def _sdpa_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     return out[0].transpose(0, 1)
 
 
+def runs_in_onednn(dtype: torch.dtype, head_dim: int, window: bool = False) -> bool:
+    """Whether ``onednn`` chunks of this dtype and head size go through oneDNN's products here (no
+    C++ chunk kernel for them on this CPU), each chunk a new shape to oneDNN."""
+    if window:
+        return True
+    if dtype == torch.bfloat16:
+        return not (head_dim in amx.HEAD_DIMS and amx.available())
+    if dtype == torch.float32:
+        return not (head_dim in avx512.HEAD_DIMS and avx512.available())
+    return True
+
+
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float,
                     kernels: str = "torch", window: int | None = None, key_start: int = 0) -> torch.Tensor:
     """Causal attention of q [n, Hq, D] (positions start..start+n-1) over k, v [Hkv, start+n-key_start, D]

@@ -23,7 +23,8 @@ from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
-from chatfleet.engine.models.row_buckets import padded_rows
+from chatfleet.engine.models.prefill_attention import runs_in_onednn
+from chatfleet.engine.models.row_buckets import padded_rows, reserve_primitive_cache
 from chatfleet.engine.models.row_ops import add_rms_norm, rms_norm
 from chatfleet.engine.models.swiglu import GateUpLinear, swiglu
 from chatfleet.errors import ConfigError
@@ -237,6 +238,8 @@ class Qwen3ForCausalLM(nn.Module):
 
     def use_kernels(self, kernels: str) -> None:
         """Switch to a resolved kernel backend: ``onednn`` packs every linear (once, for good)."""
+        if kernels == "onednn" and not runs_in_onednn(self.norm.weight.dtype, self.config.head_dim):
+            reserve_primitive_cache()  # every row bucket's linears stay built (row_buckets.py)
         attention = (layer.self_attn for layer in self.decoder_layers)
         self.kernels = switch_kernels(self, attention, self.kernels, kernels)
 
