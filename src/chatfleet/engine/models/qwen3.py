@@ -22,8 +22,8 @@ from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
-from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
 from chatfleet.engine.models.prefill_attention import runs_in_onednn
+from chatfleet.engine.models.qk_norm_rope import qk_norm_rope
 from chatfleet.engine.models.row_buckets import padded_rows, reserve_primitive_cache
 from chatfleet.engine.models.row_ops import add_rms_norm, rms_norm
 from chatfleet.engine.models.swiglu import GateUpLinear, swiglu
