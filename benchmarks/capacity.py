@@ -28,7 +28,8 @@ pause is only 2-3 times a turn's own time on these cores; real chat users pause 
 more between turns of a few seconds, and it is in those pauses that a stock engine loses the
 conversation's state. ``--pause-mean 0`` keeps the profile's own pauses. Live chats are joined
 mid-conversation (``--join steady``: each slot's first chat at a uniformly drawn turn, its earlier
-turns as scripted history; the window opens once every joined chat has its first reply), so the
+turns as scripted history; the window opens once every joined chat has its first reply and the
+requests then in flight have finished), so the
 measured window is a fleet in steady state, not a cold start where every history is short;
 ``--join start`` sends every chat from its first turn (stock's knee then doubles: its hot persona
 cards carry it while histories are short).

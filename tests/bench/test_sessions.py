@@ -156,3 +156,44 @@ def test_steady_join_measures_only_after_every_joined_chat_has_its_first_reply()
     measured = [r for r in res.records if not r.warmup]
     assert measured and all(r.sent_s >= last_first_reply - 1e-3 for r in measured)
     assert max(r.sent_s for r in res.records) <= last_first_reply + spec.duration_s + 0.05  # window moved
+
+
+class SerialServer:
+    """One request at a time, each ``service_s`` long: a queue forms when chats outpace it."""
+
+    def __init__(self, sent, service_s):
+        self.sent, self.service_s, self.lock = sent, service_s, None
+
+    def session(self):
+        return SerialSession(self)
+
+
+class SerialSession(RecordingSession):
+    def __init__(self, server):
+        super().__init__(server.sent)
+        self.server = server
+
+    async def post(self, path, body, headers):
+        if self.server.lock is None:
+            self.server.lock = asyncio.Lock()
+        async with self.server.lock:
+            await asyncio.sleep(self.server.service_s)
+            return await super().post(path, body, headers)
+
+
+def test_steady_join_measures_only_after_the_queue_the_join_left_has_drained():
+    prof = get_profile("long-session").with_overrides(think_time_s=make("lognormal", mean=0.01, sigma=0.3),
+                                                      turns=make("const", value=8))
+    w = Workload(prof, 8, EstimateCounter())
+    spec = LoadSpec("closed", 8, duration_s=0.5, warmup_s=0.0, drain_timeout_s=10.0, join="steady")
+    server = SerialServer([], service_s=0.02)
+    res = asyncio.run(run_load(w, server, ClientConfig("m"), spec, seed=5))
+    firsts = {}
+    for rec in res.records:
+        firsts.setdefault(rec.slot, rec)
+    last_join = max(r.end_s for r in firsts.values())
+    backlog = [r for r in res.records if r.sent_s < last_join - 1e-4 and r.end_s > last_join + 1e-4]
+    assert backlog, "the serial server must leave requests queued when the last history is answered"
+    drained = max(r.end_s for r in backlog)
+    measured = [r for r in res.records if not r.warmup]
+    assert measured and all(r.intended_s >= drained - 1e-3 for r in measured)

@@ -31,7 +31,8 @@ JOINS = {
     "start": "every chat is sent from its first turn",
     "steady": "closed loop: each slot's first chat is joined at a turn drawn uniformly from its turns, "
               "its earlier turns sent as scripted history (a fleet in steady state has chats at every "
-              "stage; starting all at turn 0 measures a cold start of short prompts)",
+              "stage; starting all at turn 0 measures a cold start of short prompts); measured once "
+              "every joined history is computed and the queue it left has drained",
 }
 
 
@@ -47,7 +48,8 @@ class LoadSpec:
     max_live_chats: int = 20000  # open-loop bound
     join: str = "start"  # where a closed-loop slot's first chat begins (JOINS)
     # steady join: the warmup lasts until every joined chat's first turn is answered (the server
-    # has computed each live history once), at most this many seconds past ``warmup_s``
+    # has computed each live history once) and the requests then in flight have finished (the
+    # join's backlog has drained), at most this many seconds past ``warmup_s``
     join_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -106,6 +108,8 @@ class _Run:
         # the latest ``join_wait_s`` after the warmup); until then every request is warmup.
         self.window_open = spec.join != "steady"
         self._joined_slots: set[int] = set()
+        self._in_flight: set[int] = set()  # id() of each request sent and not yet answered
+        self._backlog: set[int] | None = None  # those in flight when the last joined chat was answered
         self.latest_warm_end = self.warm_end + int(spec.join_wait_s * 1e9)
         if not self.window_open:
             self.end = self.latest_warm_end + int(spec.duration_s * 1e9)
@@ -119,11 +123,24 @@ class _Run:
         self.end = self.warm_end + int(self.spec.duration_s * 1e9)
 
     def joined(self, slot: int) -> None:
-        """The slot's joined chat got (or failed, or never sent) its first turn; the window opens
-        with the last slot's."""
+        """The slot's joined chat got (or failed, or never sent) its first turn. With the last
+        slot's, the window opens once the requests in flight at that moment have finished: the
+        histories' first computation leaves a queue behind it (every joined chat sends its whole
+        history at once, a cold start no fleet in steady state sees), and a window opened before
+        it drains measures that queue, not the load. A load the server cannot carry builds a new
+        queue meanwhile, which the window then measures."""
         self._joined_slots.add(slot)
-        if len(self._joined_slots) == int(self.spec.level):
-            self.open_window()
+        if len(self._joined_slots) == int(self.spec.level) and self._backlog is None:
+            self._backlog = set(self._in_flight)
+            if not self._backlog:
+                self.open_window()
+
+    def _answered(self, rec: RequestRecord) -> None:
+        self._in_flight.discard(id(rec))
+        if self._backlog:
+            self._backlog.discard(id(rec))
+            if not self._backlog:
+                self.open_window()
 
     def new_conversation(self) -> Conversation:
         i = self.next_conv
@@ -162,7 +179,11 @@ class _Run:
                                     session_id=f"bench-{self.seed}-{conv.conv_id}")
                 self.records.append(rec)
                 history = replies if self.spec.history == "live" else None
-                res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
+                self._in_flight.add(id(rec))
+                try:
+                    res = await send_chat(session, self.cfg, rec, conv.messages(ti, history), self.t0, intended)
+                finally:
+                    self._answered(rec)
                 if self.on_record is not None:
                     self.on_record(rec)
                 if joining and ti == first_turn:
