@@ -32,10 +32,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES, ONEDNN_PRIMITIVE_CACHE  # noqa: E402
 from machine import default_dtypes, describe_machine, load_average  # noqa: E402  (same folder)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-ARMS = {"widened (engine)": None, "bounded (256)": "256"}
+ARMS = {"widened (engine)": None, f"bounded ({CACHE_ENTRIES})": str(CACHE_ENTRIES)}
 
 CHILD = """
 import json, os, random, sys, time
@@ -73,7 +74,7 @@ for i, n in enumerate(lengths):
     step(i, n)
 wall = time.perf_counter() - t0
 print(json.dumps({"mean_step_ms": wall / steps * 1e3, "tokens_per_s": sum(lengths) / wall,
-                  "buckets": len(counts), "capacity": os.environ.get(row_buckets.PRIMITIVE_CACHE_ENV)}))
+                  "buckets": len(counts), "capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")}))
 """
 
 
@@ -91,10 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_arm(capacity: str | None, args: argparse.Namespace, dtype: str) -> dict:
-    drop = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "CHATFLEET_NATIVE_CACHES")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = {k: v for k, v in os.environ.items() if k not in (ONEDNN_PRIMITIVE_CACHE, BOUND_MARK)}
     if capacity is not None:  # set by hand: the engine keeps it
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
+        env[ONEDNN_PRIMITIVE_CACHE] = capacity
     env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run([sys.executable, "-c", CHILD, dtype, str(args.steps), str(args.min_tokens),
                           str(args.max_tokens), str(args.seed)], env=env, capture_output=True, text=True,
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = {"mean_step_ms": ms, "tokens_per_s": tps}
         table.add_row(name, f"{ms:.1f}", f"{tps:,.0f}", " / ".join(f"{r['mean_step_ms']:.1f}" for r in rs))
     con.print(table)
-    speedup = summary["bounded (256)"]["mean_step_ms"] / summary["widened (engine)"]["mean_step_ms"]
+    speedup = summary[f"bounded ({CACHE_ENTRIES})"]["mean_step_ms"] / summary["widened (engine)"]["mean_step_ms"]
     con.print(f"widened vs bounded: {speedup:.2f}x the step rate")
     doc = {"benchmark": "onednn_cache", "created_unix": time.time(), "argv": sys.argv[1:], "dtype": dtype,
            "machine": describe_machine(1), "load_average": {"start": load_at_start, "end": load_average()},

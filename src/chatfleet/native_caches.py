@@ -27,7 +27,8 @@ import os
 from collections.abc import MutableMapping
 
 CACHE_ENTRIES = 256
-CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+ONEDNN_PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", ONEDNN_PRIMITIVE_CACHE)
 BOUND_MARK = "CHATFLEET_NATIVE_CACHES"
 
 
@@ -52,11 +53,10 @@ def bound_native_caches(environ: MutableMapping[str, str] = os.environ) -> None:
 def widen_native_cache(name: str, entries: int, environ: MutableMapping[str, str] = os.environ) -> bool:
     """Raise ``name`` to ``entries`` if its value is the one chatfleet set (not the user's);
     whether it now allows at least ``entries``. Takes effect only before the library reads it."""
-    current = environ.get(name)
-    if current is not None and _marked(environ).get(name) != current:
+    current, marked = environ.get(name), _marked(environ)
+    if current is not None and marked.get(name) != current:
         return current.isdigit() and int(current) >= entries
     if current is None or int(current) < entries:
-        marked = _marked(environ)
         environ[name] = marked[name] = str(entries)
         _mark(environ, marked)
     return True

@@ -14,7 +14,7 @@ from chatfleet.engine.models.dtype import native_bf16
 from chatfleet.engine.models.linear import onednn_available
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.models.prefill_attention import runs_in_onednn
-from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES
+from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES, ONEDNN_PRIMITIVE_CACHE
 
 
 def test_padded_rows_keeps_small_steps_and_rounds_the_rest_up_to_a_bucket():
@@ -52,8 +52,6 @@ import sys, torch
 from chatfleet.engine.builtin_models.tiny import resolve_model
 from chatfleet.engine.models import row_buckets
 from chatfleet.engine.models.loader import load_model
-from chatfleet.engine.models.prefill_attention import runs_in_onednn
-from chatfleet.native_caches import BOUND_MARK, CACHE_ENTRIES
 torch.set_num_threads(1)
 loaded = load_model(resolve_model("tiny"), dtype=sys.argv[1], kernels="onednn")
 counts = sorted({row_buckets.padded_rows(t) for t in range(1, 2049)})
@@ -72,10 +70,10 @@ def _second_pass_misses(env_capacity: str | None, dtype: str) -> int:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in (row_buckets.PRIMITIVE_CACHE_ENV, BOUND_MARK)}
+    env = {k: v for k, v in os.environ.items() if k not in (ONEDNN_PRIMITIVE_CACHE, BOUND_MARK)}
     env["ONEDNN_VERBOSE"] = "profile_create"
     if env_capacity is not None:
-        env[row_buckets.PRIMITIVE_CACHE_ENV] = env_capacity
+        env[ONEDNN_PRIMITIVE_CACHE] = env_capacity
     out = subprocess.run([sys.executable, "-c", _EVERY_BUCKET_TWICE, dtype], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout
     first, _, second = out.partition("=== second pass")
@@ -92,7 +90,7 @@ def test_every_bucket_stays_in_onednns_primitive_cache():
 
 
 def test_the_reservation_keeps_a_capacity_the_user_set(monkeypatch):
-    monkeypatch.setenv(row_buckets.PRIMITIVE_CACHE_ENV, "64")
+    monkeypatch.setenv(ONEDNN_PRIMITIVE_CACHE, "64")
     monkeypatch.delenv(BOUND_MARK, raising=False)
     assert not row_buckets.reserve_primitive_cache()
-    assert os.environ[row_buckets.PRIMITIVE_CACHE_ENV] == "64"
+    assert os.environ[ONEDNN_PRIMITIVE_CACHE] == "64"

@@ -106,11 +106,9 @@ def _sdpa_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
     return out[0].transpose(0, 1)
 
 
-def runs_in_onednn(dtype: torch.dtype, head_dim: int, window: bool = False) -> bool:
-    """Whether ``onednn`` chunks of this dtype and head size go through oneDNN's products here (no
-    C++ chunk kernel for them on this CPU), each chunk a new shape to oneDNN."""
-    if window:
-        return True
+def runs_in_onednn(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``onednn`` chunks (no sliding window) of this dtype and head size go through oneDNN's
+    products here (no C++ chunk kernel for them on this CPU), each chunk a new shape to oneDNN."""
     if dtype == torch.bfloat16:
         return not (head_dim in amx.HEAD_DIMS and amx.available())
     if dtype == torch.float32:

@@ -26,11 +26,10 @@ first primitive, so it runs before the weights are packed.
 
 from __future__ import annotations
 
-from chatfleet.native_caches import widen_native_cache
+from chatfleet.native_caches import ONEDNN_PRIMITIVE_CACHE, widen_native_cache
 
 EXACT_UP_TO = 32
 BUCKET = 32
-PRIMITIVE_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 PRIMITIVE_CACHE_CAPACITY = 4096  # 12 entries for each of 341 row counts (a ~10,000-token step budget)
 
 
@@ -44,4 +43,4 @@ def padded_rows(tokens: int) -> int:
 def reserve_primitive_cache() -> bool:
     """Give oneDNN's primitive cache room for every bucket's primitives, unless the user set its
     capacity (whether it has the room; no effect once the process has built a oneDNN primitive)."""
-    return widen_native_cache(PRIMITIVE_CACHE_ENV, PRIMITIVE_CACHE_CAPACITY)
+    return widen_native_cache(ONEDNN_PRIMITIVE_CACHE, PRIMITIVE_CACHE_CAPACITY)
