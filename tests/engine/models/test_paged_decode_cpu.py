@@ -1,5 +1,6 @@
 """The C++ paged decode kernel (models/paged_decode_cpu.py) against its torch reference and the
-torch-op decode path, in float32 and bfloat16, over scattered block tables."""
+torch-op decode path, in float32 and bfloat16, over caches of the query's dtype and FP8 (e4m3,
+every finite code), over scattered block tables; its FP8 gather against torch's conversion."""
 
 import random
 
@@ -9,6 +10,8 @@ import torch
 from chatfleet.engine.models import paged_decode_cpu as pdc
 from chatfleet.engine.models.cpu_kernel_build import build_library, compiler
 from chatfleet.engine.models.decode_attention import build_decode_groups, decode_attention
+from chatfleet.engine.models.kv_cache import dequantize_fp8, quantize_fp8
+from chatfleet.engine.models.workspace import gather_blocks
 
 pytestmark = pytest.mark.skipif(not pdc.available(), reason="no C++ compiler: the kernel cannot be built here")
 
@@ -77,6 +80,87 @@ def test_supports_only_what_it_implements():
     assert pdc.supports(torch.zeros(1, 8, 48), torch.zeros(2, 4, 16, 48))  # any head dim up to 512
     assert not pdc.supports(torch.zeros(1, 8, 576), torch.zeros(2, 4, 16, 576))
     assert not pdc.supports(torch.zeros(1, 32, 64), key)  # 16 query heads per kv head
+    fp8 = key.to(torch.float8_e4m3fn)
+    assert pdc.supports(torch.zeros(1, 8, 64), fp8) and pdc.supports(torch.zeros(1, 8, 64, dtype=torch.bfloat16), fp8)
+    assert not pdc.supports(torch.zeros(1, 8, 64, dtype=torch.float16), fp8)
+
+
+FINITE_E4M3 = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # 0x7f/0xff: NaN
+# what the KV cache holds (kv_cache.quantize_fp8): zero and normal codes, no subnormals
+CACHE_E4M3 = torch.tensor([c for c in FINITE_E4M3.tolist() if c & 0x78 or not c & 0x7F], dtype=torch.uint8)
+
+
+def fp8_codes(*shape, seed=0, codes=FINITE_E4M3):
+    """Random e4m3 codes, every one of ``codes`` (by default every finite code: zero, subnormals,
+    +-448), never NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, codes.numel(), shape, generator=gen)
+    return codes[pick].view(torch.float8_e4m3fn)
+
+
+def fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens, seed=0, codes=FINITE_E4M3):
+    q, key, _, tables, padded, ctx = case(q_dtype, len(lens), num_heads, num_kv_heads, head_dim, lens, seed=seed)
+    key = fp8_codes(*key.shape, seed=seed + 1, codes=codes)
+    value = fp8_codes(*key.shape, seed=seed + 2, codes=codes)
+    return q, key, value, tables, padded, ctx
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(8, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 48)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_fp8_cache_matches_the_reference_with_its_scales(q_dtype, num_heads, num_kv_heads, head_dim, threads):
+    lens = [1, 15, 16, 17, 500, 33, 160, 7]
+    q, key, value, _, tables, ctx = fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens)
+    k_scale, v_scale = 0.0123, 3.5  # codes reach +-448: scores of a few units, outputs of hundreds
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = pdc.paged_decode(q, key, value, tables, ctx, head_dim**-0.5, k_scale=k_scale, v_scale=v_scale)
+    finally:
+        torch.set_num_threads(before)
+    ref = pdc.paged_decode_reference(q, key, value, tables, ctx, head_dim**-0.5, k_scale, v_scale)
+    assert out.dtype == q_dtype and out.shape == q.shape
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[q_dtype] * scale, rtol=TOL[q_dtype])
+    # the scales are applied, not ignored: without them the output differs
+    plain = pdc.paged_decode(q, key, value, tables, ctx, head_dim**-0.5)
+    assert (plain.float() - out.float()).abs().max().item() > 10 * TOL[q_dtype] * scale
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_an_fp8_cache_matches_the_torch_op_decode_path(q_dtype):
+    lens = sorted([3, 40, 41, 200, 513, 64])
+    # the torch-op path multiplies placed codes directly: it takes the cache's codes (no subnormals)
+    q, key, value, tables, padded, ctx = fp8_case(q_dtype, 8, 2, 64, lens, seed=3, codes=CACHE_E4M3)
+    groups = build_decode_groups(lens, tables, 16, "cpu")
+    torch_ops = decode_attention(q, key, value, groups, None, 0.125, 0.02, 0.5)
+    out = pdc.paged_decode(q, key, value, padded, ctx, 0.125, k_scale=0.02, v_scale=0.5)
+    scale = torch_ops.abs().max().item()
+    torch.testing.assert_close(out.float(), torch_ops.float(), atol=4 * TOL[q_dtype] * scale, rtol=4 * TOL[q_dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 0.0123, 3.5])
+def test_gather_fp8_is_torch_conversion_of_the_gathered_blocks(dtype, scale):
+    """Every finite code, exactly: the bits torch's gather + dequantize give."""
+    cache = fp8_codes(2, 40, 16, 64, seed=5)
+    ids = torch.tensor([7, 0, 39, 3, 3, 12], dtype=torch.long)
+    got = pdc.gather_fp8(cache, ids, scale, dtype)
+    assert got is not None and got.shape == (2, 6, 16, 64) and got.dtype == dtype
+    want = dequantize_fp8(gather_blocks(cache, ids, None, "k"), scale, dtype)
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    if scale == 1.0:  # and torch's own element-wise conversion
+        assert torch.equal(got.float(), cache[:, ids].float())
+
+
+def test_gather_fp8_refuses_what_it_does_not_take_and_an_id_outside_the_cache():
+    cache = fp8_codes(2, 4, 16, 64)
+    assert pdc.gather_fp8(cache.float(), torch.tensor([0]), 1.0, torch.float32) is None  # not FP8
+    assert pdc.gather_fp8(cache, torch.tensor([0], dtype=torch.int32), 1.0, torch.float32) is None
+    assert pdc.gather_fp8(cache, torch.tensor([0]), 1.0, torch.float16) is None
+    with pytest.raises(IndexError):
+        pdc.gather_fp8(cache, torch.tensor([0, 4]), 1.0, torch.float32)
 
 
 def test_the_build_is_cached_by_source_compiler_and_cpu():
@@ -122,3 +206,46 @@ def test_store_kv_refuses_what_it_does_not_take_and_a_slot_outside_the_cache():
     with pytest.raises(IndexError):
         pdc.store_kv(key, key.clone(), torch.tensor([0, 64, 2]), k, k)
     assert torch.equal(key, before)
+
+
+def awkward_values(n, gen):
+    """Normal draws at many magnitudes, plus the values quantization treats specially: zeros,
+    the snapping thresholds 2^-7 and 2^-6 and their neighbours, ties between e4m3 codes, 448 and
+    beyond it (clamped)."""
+    base = torch.randn(n, generator=gen) * torch.pow(2.0, torch.randint(-12, 10, (n,), generator=gen).float())
+    f32 = torch.finfo(torch.float32)
+    special = torch.tensor([0.0, -0.0, 2.0**-7, -(2.0**-7), 2.0**-7 * (1 - f32.eps), 2.0**-6, 2.0**-6 * (1 - f32.eps),
+                            1.0625, 1.1875, -1.0625, 240.0 + 8.0, 448.0, 460.0, 464.0, 1e6, -1e6, 3e-9])
+    return torch.cat((special, base))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.0123, 3.5), (1 / 3, 7e-4)])
+def test_store_kv_fp8_writes_the_codes_quantize_fp8_writes(dtype, scales):
+    gen = torch.Generator().manual_seed(6)
+    heads, num_blocks, block_size, head_dim, tokens = 2, 9, 16, 64, 37
+    fill = fp8_codes(heads, num_blocks, block_size, head_dim, seed=7)
+    key, value = fill.clone(), fill.clone()
+    width = (8 + 2 * heads) * head_dim
+    raw = awkward_values(tokens * width, gen)[: tokens * width]
+    qkv = raw[torch.randperm(raw.numel(), generator=gen)].view(tokens, width).to(dtype)  # a fused projection
+    k = qkv[:, 8 * head_dim : (8 + heads) * head_dim].view(tokens, heads, head_dim)  # strided rows
+    v = qkv[:, (8 + heads) * head_dim :].view(tokens, heads, head_dim) * scales[1]
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    want_k, want_v = key.view(torch.uint8).clone(), value.view(torch.uint8).clone()
+    want_k.view(heads, -1, head_dim).index_copy_(1, slots, quantize_fp8(k, scales[0]).view(torch.uint8).transpose(0, 1))
+    want_v.view(heads, -1, head_dim).index_copy_(1, slots, quantize_fp8(v, scales[1]).view(torch.uint8).transpose(0, 1))
+    assert pdc.store_kv_fp8(key, value, slots, k, v, *scales)
+    assert torch.equal(key.view(torch.uint8), want_k) and torch.equal(value.view(torch.uint8), want_v)
+
+
+def test_store_kv_fp8_refuses_what_it_does_not_take_and_a_slot_outside_the_cache():
+    key = fp8_codes(2, 4, 16, 64)
+    k = torch.ones(3, 2, 64)
+    assert not pdc.store_kv_fp8(key.float(), key.float(), torch.tensor([0, 1, 2]), k, k, 1.0, 1.0)  # not FP8
+    assert not pdc.store_kv_fp8(key, key.clone(), torch.tensor([0, 1, 2]), k.half(), k.half(), 1.0, 1.0)
+    assert not pdc.store_kv_fp8(key, key.clone(), torch.tensor([0, 1, 2]), k.to(torch.bfloat16), k, 1.0, 1.0)
+    before = key.clone()
+    with pytest.raises(IndexError):
+        pdc.store_kv_fp8(key, key.clone(), torch.tensor([0, 64, 2]), k, k, 1.0, 1.0)
+    assert torch.equal(key.view(torch.uint8), before.view(torch.uint8))

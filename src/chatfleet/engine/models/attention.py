@@ -27,7 +27,7 @@ from chatfleet.engine.models.decode_attention import (
     decode_attention,
 )
 from chatfleet.engine.models.kv_cache import KVCache, dequantize_fp8
-from chatfleet.engine.models.paged_decode_cpu import paged_decode
+from chatfleet.engine.models.paged_decode_cpu import gather_fp8, paged_decode
 from chatfleet.engine.models.prefill_attention import chunk_attention
 from chatfleet.engine.models.workspace import Workspace, gather_blocks
 
@@ -190,13 +190,21 @@ def _decodes(q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: fl
     """The step's single-token queries: the C++ kernel where the metadata has its tables, else torch ops."""
     if meta.decode_block_tables is not None:
         assert meta.decode_context_lens is not None
-        return paged_decode(q, cache.key, cache.value, meta.decode_block_tables, meta.decode_context_lens, scale)
+        return paged_decode(q, cache.key, cache.value, meta.decode_block_tables, meta.decode_context_lens, scale,
+                            k_scale=ks, v_scale=vs)
     return decode_attention(q, cache.key, cache.value, meta.decode_groups, meta.workspace, scale, ks, vs)
 
 
 def _read(cache: torch.Tensor, block_ids: torch.Tensor, workspace: Workspace | None, name: str, scale: float,
           dtype: torch.dtype) -> torch.Tensor:
-    """The blocks of one cache tensor, dequantized to ``dtype`` when the cache is FP8."""
+    """The blocks of one cache tensor, dequantized to ``dtype`` when the cache is FP8 (in one C++
+    pass where the kernel is built)."""
+    if cache.dtype != dtype:
+        shape = (cache.shape[0], block_ids.shape[0], *cache.shape[2:])
+        out = workspace.get(name + "_dq", shape, dtype, cache.device) if workspace is not None else None
+        widened = gather_fp8(cache, block_ids, scale, dtype, out)
+        if widened is not None:
+            return widened
     raw = gather_blocks(cache, block_ids, workspace, name)
     if raw.dtype == dtype:
         return raw

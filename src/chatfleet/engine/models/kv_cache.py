@@ -14,7 +14,7 @@ import torch
 
 from chatfleet.engine.models.fp8_cast import fp8_dequantize, to_e4m3_normal
 from chatfleet.engine.models.fp8_format import E4M3_MAX
-from chatfleet.engine.models.paged_decode_cpu import store_kv
+from chatfleet.engine.models.paged_decode_cpu import store_kv, store_kv_fp8
 
 FP8 = torch.float8_e4m3fn
 
@@ -57,7 +57,10 @@ class KVCache:
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens: k, v [T, Hkv, D] into the flat slots ``slot_mapping`` [T]."""
         h, nb, bs, d = self.key.shape
-        if not self.is_fp8 and store_kv(self.key, self.value, slot_mapping, k, v):  # one C++ pass on the CPU
+        if self.is_fp8:  # one C++ pass on the CPU (the same codes as quantize_fp8's)
+            if store_kv_fp8(self.key, self.value, slot_mapping, k, v, self.k_scale, self.v_scale):
+                return
+        elif store_kv(self.key, self.value, slot_mapping, k, v):  # one C++ pass on the CPU
             return
         if self.is_fp8:  # index_copy_ has no FP8 kernel: copy the bytes
             k = quantize_fp8(k, self.k_scale).view(torch.uint8)

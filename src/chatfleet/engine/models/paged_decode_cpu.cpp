@@ -1,10 +1,11 @@
 // Paged decode attention on the CPU: one query token per sequence over its K/V read in place
 // from the block pool (see cpu_paged_decode.py for why it is hand-written and how it is built).
 //
-// key/value: [num_kv_heads, num_blocks, block_size, head_dim] (float32 or bfloat16 bits);
-// q, out: [batch, num_heads, head_dim] in the same dtype; block_tables: [batch, table_width]
-// int64; context_lens: [batch] int64. Query heads h * group .. h * group + group - 1 share kv
-// head h. Scores, softmax and the weighted sum of V are float32; out is rounded once.
+// key/value: [num_kv_heads, num_blocks, block_size, head_dim] (float32 or bfloat16 bits, as q, or
+// FP8 e4m3 bytes read as code * k_scale / code * v_scale); q, out: [batch, num_heads, head_dim]
+// (float32 or bfloat16 bits); block_tables: [batch, table_width] int64; context_lens: [batch]
+// int64. Query heads h * group .. h * group + group - 1 share kv head h. Scores, softmax and the
+// weighted sum of V are float32; out is rounded once.
 #include <immintrin.h>
 
 #include <cfloat>
@@ -19,8 +20,25 @@
 
 namespace {
 
+// One e4m3 code (s eeee mmm, exponent bias 7, no infinities) as its exact float32 value: normal
+// codes by moving the bits (exponent rebased 7 -> 127), zero and subnormal codes as m * 2^-9.
+// The NaN code (0x7f / 0xff) is never written to a cache and converts to 480.
+inline float fp8_to_float(uint8_t x) {
+  const uint32_t n = x & 0x7fu;
+  const uint32_t bits = (n << 20) + (120u << 23);
+  float normal = 0.f;
+  std::memcpy(&normal, &bits, sizeof normal);
+  const float f = n >= 8 ? normal : static_cast<float>(n) * (1.f / 512.f);
+  return x & 0x80u ? -f : f;
+}
+
 template <typename T>
 inline void load_row(const T* src, float* dst, int d);
+
+template <>
+inline void load_row<uint8_t>(const uint8_t* src, float* dst, int d) {
+  for (int i = 0; i < d; ++i) dst[i] = fp8_to_float(src[i]);
+}
 
 template <>
 inline void load_row<float>(const float* src, float* dst, int d) {
@@ -85,10 +103,12 @@ constexpr int MAX_HEAD_DIM = 512;
 
 // D: the head dim as a compile-time constant (64, 128, 256: the inner loops unroll), or 0 for
 // any other head dim up to MAX_HEAD_DIM, read from `head_dim`.
-template <typename T, int D>
-void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t* table, int64_t ctx,
-                int group, int64_t head_offset, int block_size, float scale, std::vector<float>& scores,
-                int head_dim) {
+// C: the cache's element (T, or uint8_t for FP8, whose V scale arrives in v_scale; its K scale
+// is already in scale).
+template <typename T, typename C, int D>
+void attend_one(const T* q, const C* key, const C* value, T* out, const int64_t* table, int64_t ctx,
+                int group, int64_t head_offset, int block_size, float scale, float v_scale,
+                std::vector<float>& scores, int head_dim) {
   constexpr int N = D ? D : MAX_HEAD_DIM;
   const int d = D ? D : head_dim;
   const int G = group;
@@ -110,7 +130,7 @@ void attend_one(const T* q, const T* key, const T* value, T* out, const int64_t*
   });
   float inv_sum[8];
   for (int g = 0; g < G; ++g) {
-    inv_sum[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * ctx, ctx);
+    inv_sum[g] = softmax_numerators(scores.data() + static_cast<size_t>(g) * ctx, ctx) * v_scale;
     for (int i = 0; i < d; ++i) acc[g][i] = 0.f;
   }
   // Weighted sum of V: every value row read once.
@@ -172,9 +192,51 @@ inline float softmax_numerators16(float* s, int64_t ctx) {
 }
 #endif
 
-// 16 values of a row as float32 (bf16 widened exactly).
+// 16 values of a row as float32 (bf16 and e4m3 widened exactly).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) { return cf_bf16::load16(p); }
+
+#if defined(__AVX512BW__)
+// 16 e4m3 codes -> 16 floats, exactly as fp8_to_float: normal codes by moving the bits, codes
+// under 8 (zero and subnormals) as m * 2^-9, the sign moved from bit 7 to bit 31.
+inline __m512 load16(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i n = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+  const __m512 normal = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(n, 20), _mm512_set1_epi32(120 << 23)));
+  const __m512 small = _mm512_mul_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(1.f / 512.f));
+  const __m512 mag = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(n, _mm512_set1_epi32(8)), small, normal);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+}
+
+// 32 e4m3 codes -> 32 bf16 bits, exact (every e4m3 value is a bf16): normal codes by moving the
+// bits, codes under 8 from a table of m * 2^-9.
+inline __m512i fp8_to_bf16_32(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i n = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(n, 4), _mm512_set1_epi16(120 << 7));
+  // m * 2^-9 for m = 0..7 as bf16: 0, 2^-9, 2^-8, 1.5 * 2^-8, 2^-7, 1.25 * 2^-7, 1.5 * 2^-7, 1.75 * 2^-7
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0, 0, 0, 0x3c60, 0x3c40, 0x3c20, 0x3c00, 0x3bc0, 0x3b80,
+                                         0x3b00, 0);
+  const __m512i small = _mm512_permutexvar_epi16(n, table);
+  const __m512i mag = _mm512_mask_blend_epi16(_mm512_cmpge_epu16_mask(n, _mm512_set1_epi16(8)), small, normal);
+  return _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8));
+}
+
+// One e4m3 row of D codes widened into the query's element type (bf16 bits or float32), exactly.
+template <int D>
+inline void widen_fp8_row(const uint8_t* src, uint16_t* dst) {
+  for (int j = 0; j < D; j += 32) _mm512_storeu_si512(dst + j, fp8_to_bf16_32(src + j));
+}
+template <int D>
+inline void widen_fp8_row(const uint8_t* src, float* dst) {
+  for (int j = 0; j < D; j += 16) _mm512_storeu_ps(dst + j, load16(src + j));
+}
+#define CF_HAVE_FP8_VEC 1
+#else
+#define CF_HAVE_FP8_VEC 0
+#endif
 
 // A query row in the form its dot products take: float32 vectors for a float32 cache; for bf16,
 // with AVX512-BF16, the raw pairs vdpbf16ps multiplies exactly and sums in float32.
@@ -217,19 +279,27 @@ struct QueryRow {
 // float32, then the weighted sum of V rows widened to float32 (the weights stay float32). Blocks
 // are walked as in for_each_row: in place, the block two ahead prefetched one row's lines per
 // row read. About 1.2x-1.3x faster than attend_one, whose per-score horizontal sums bound it.
-template <typename T, int D, int G>
-void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const int64_t* table, int64_t ctx,
-                       int64_t head_offset, int block_size, float scale, std::vector<float>& scores) {
+//
+// An FP8 cache (C = uint8_t): each run of 16 key rows is first widened exactly into a small
+// buffer of the query's type (then dotted as a cache of that type would be; half the bytes read
+// from memory), each V row widened as it is read; K's scale is in `scale`, V's in `v_scale`.
+template <typename T, typename C, int D, int G>
+void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const int64_t* table, int64_t ctx,
+                       int64_t head_offset, int block_size, float scale, float v_scale,
+                       std::vector<float>& scores) {
   static_assert(D % 32 == 0 && D <= 256, "head dim");
+  static_assert(std::is_same_v<C, T> || std::is_same_v<C, uint8_t>, "cache element");
+  constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int NF = D / 16;  // vectors of 16 floats per row
-  constexpr int64_t kRowBytes = D * static_cast<int64_t>(sizeof(T));
+  constexpr int64_t kRowBytes = D * static_cast<int64_t>(sizeof(C));
   const int64_t nblk = (ctx + block_size - 1) / block_size;
   const int64_t padded = (ctx + 15) / 16 * 16;
   scores.resize(static_cast<size_t>(G) * static_cast<size_t>(padded));
   QueryRow<T, D> qr[G];
   for (int g = 0; g < G; ++g) qr[g].load(q + g * D);
   const __m512 sc = _mm512_set1_ps(scale);
-  auto block_at = [&](const T* cache, int64_t bi) { return cache + (head_offset + table[bi] * block_size) * D; };
+  auto block_at = [&](const C* cache, int64_t bi) { return cache + (head_offset + table[bi] * block_size) * D; };
+  alignas(64) T widened[kFp8 ? 16 * D : 1];
   auto prefetch_row = [&](const char* ahead, int r) {
     for (int64_t off = 0; off < kRowBytes; off += 64) _mm_prefetch(ahead + r * kRowBytes + off, _MM_HINT_T0);
   };
@@ -237,14 +307,24 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
     const int64_t t0 = bi * block_size;
     const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
     const char* ahead = bi + 2 < nblk ? reinterpret_cast<const char*>(block_at(key, bi + 2)) : nullptr;
-    const T* blk = block_at(key, bi);
+    const C* blk = block_at(key, bi);
     for (int r0 = 0; r0 < n; r0 += 16) {  // 16 keys at a time
       const int m = n - r0 < 16 ? n - r0 : 16;
+      const T* rows;  // row r of this run of 16 at rows + r * D
+      if constexpr (kFp8) {
+        for (int r = 0; r < m; ++r) {
+          if (ahead && r0 + r < block_size) prefetch_row(ahead, r0 + r);
+          widen_fp8_row<D>(blk + static_cast<int64_t>(r0 + r) * D, widened + r * D);
+        }
+        rows = widened;
+      } else {
+        rows = blk + static_cast<int64_t>(r0) * D;
+      }
       for (int g = 0; g < G; ++g) {
         __m512 lanes[16];
         for (int r = 0; r < 16; ++r) {
-          if (g == 0 && ahead && r0 + r < block_size) prefetch_row(ahead, r0 + r);
-          lanes[r] = r < m ? qr[g].dot_lanes(blk + static_cast<int64_t>(r0 + r) * D) : _mm512_setzero_ps();
+          if (!kFp8 && g == 0 && ahead && r0 + r < block_size) prefetch_row(ahead, r0 + r);
+          lanes[r] = r < m ? qr[g].dot_lanes(rows + static_cast<int64_t>(r) * D) : _mm512_setzero_ps();
         }
         _mm512_storeu_ps(scores.data() + static_cast<size_t>(g) * padded + t0 + r0, _mm512_mul_ps(sum16(lanes), sc));
       }
@@ -258,6 +338,7 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
 #else
     inv_sum[g] = softmax_numerators(sg, ctx);
 #endif
+    inv_sum[g] *= v_scale;
   }
   __m512 acc[G][NF];
   for (int g = 0; g < G; ++g)
@@ -266,10 +347,10 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
     const int64_t t0 = bi * block_size;
     const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
     const char* ahead = bi + 2 < nblk ? reinterpret_cast<const char*>(block_at(value, bi + 2)) : nullptr;
-    const T* blk = block_at(value, bi);
+    const C* blk = block_at(value, bi);
     for (int r = 0; r < n; ++r) {
       if (ahead) prefetch_row(ahead, r);
-      const T* v = blk + static_cast<int64_t>(r) * D;
+      const C* v = blk + static_cast<int64_t>(r) * D;
       __m512 vf[NF];
       for (int j = 0; j < NF; ++j) vf[j] = load16(v + 16 * j);
       for (int g = 0; g < G; ++g) {
@@ -288,32 +369,33 @@ void attend_one_avx512(const T* q, const T* key, const T* value, T* out, const i
 #define CF_HAVE_AVX512 0
 #endif
 
-// The AVX-512 path where it is compiled for this head dim and group; false otherwise (the caller
-// takes attend_one).
-template <typename T, int D>
-bool attend_fast(int group, const T* q, const T* key, const T* value, T* out, const int64_t* table, int64_t ctx,
-                 int64_t head_offset, int block_size, float scale, std::vector<float>& scores) {
+// The AVX-512 path where it is compiled for this head dim, group and cache; false otherwise (the
+// caller takes attend_one).
+template <typename T, typename C, int D>
+bool attend_fast(int group, const T* q, const C* key, const C* value, T* out, const int64_t* table, int64_t ctx,
+                 int64_t head_offset, int block_size, float scale, float v_scale, std::vector<float>& scores) {
 #if CF_HAVE_AVX512
-  if constexpr (D == 64 || D == 128 || D == 256) {
+  constexpr bool cache_ok = std::is_same_v<C, T> || CF_HAVE_FP8_VEC;
+  if constexpr (cache_ok && (D == 64 || D == 128 || D == 256)) {
     switch (group) {
-      case 1: attend_one_avx512<T, D, 1>(q, key, value, out, table, ctx, head_offset, block_size, scale, scores); return true;
-      case 2: attend_one_avx512<T, D, 2>(q, key, value, out, table, ctx, head_offset, block_size, scale, scores); return true;
-      case 4: attend_one_avx512<T, D, 4>(q, key, value, out, table, ctx, head_offset, block_size, scale, scores); return true;
-      case 8: attend_one_avx512<T, D, 8>(q, key, value, out, table, ctx, head_offset, block_size, scale, scores); return true;
+      case 1: attend_one_avx512<T, C, D, 1>(q, key, value, out, table, ctx, head_offset, block_size, scale, v_scale, scores); return true;
+      case 2: attend_one_avx512<T, C, D, 2>(q, key, value, out, table, ctx, head_offset, block_size, scale, v_scale, scores); return true;
+      case 4: attend_one_avx512<T, C, D, 4>(q, key, value, out, table, ctx, head_offset, block_size, scale, v_scale, scores); return true;
+      case 8: attend_one_avx512<T, C, D, 8>(q, key, value, out, table, ctx, head_offset, block_size, scale, v_scale, scores); return true;
       default: return false;
     }
   }
 #endif
   (void)group; (void)q; (void)key; (void)value; (void)out; (void)table; (void)ctx; (void)head_offset;
-  (void)block_size; (void)scale; (void)scores;
+  (void)block_size; (void)scale; (void)v_scale; (void)scores;
   return false;
 }
 
-template <typename T, int D>
-void run(const T* q, const T* key, const T* value, T* out, const int64_t* block_tables,
+template <typename T, typename C, int D>
+void run(const T* q, const C* key, const C* value, T* out, const int64_t* block_tables,
          const int64_t* context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
          int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t head_dim, float scale,
-         int threads) {
+         float v_scale, int threads) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t items = batch * num_kv_heads;
 #pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
@@ -323,27 +405,30 @@ void run(const T* q, const T* key, const T* value, T* out, const int64_t* block_
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / num_kv_heads, h = item % num_kv_heads;
       const int64_t qoff = (b * num_heads + h * group) * head_dim;
-      if (attend_fast<T, D>(static_cast<int>(group), q + qoff, key, value, out + qoff, block_tables + b * table_width,
-                            context_lens[b], h * num_blocks * block_size, static_cast<int>(block_size), scale, scores))
+      if (attend_fast<T, C, D>(static_cast<int>(group), q + qoff, key, value, out + qoff,
+                               block_tables + b * table_width, context_lens[b], h * num_blocks * block_size,
+                               static_cast<int>(block_size), scale, v_scale, scores))
         continue;
-      attend_one<T, D>(q + qoff, key, value, out + qoff, block_tables + b * table_width, context_lens[b],
-                       static_cast<int>(group), h * num_blocks * block_size, static_cast<int>(block_size),
-                       scale, scores, static_cast<int>(head_dim));
+      attend_one<T, C, D>(q + qoff, key, value, out + qoff, block_tables + b * table_width, context_lens[b],
+                          static_cast<int>(group), h * num_blocks * block_size, static_cast<int>(block_size),
+                          scale, v_scale, scores, static_cast<int>(head_dim));
     }
   }
 }
 
-template <typename T>
-int dispatch(const T* q, const T* key, const T* value, T* out, const int64_t* bt, const int64_t* cl,
+template <typename T, typename C>
+int dispatch(const T* q, const void* key, const void* value, T* out, const int64_t* bt, const int64_t* cl,
              int64_t batch, int64_t nh, int64_t nkv, int64_t nb, int64_t bs, int64_t tw, int64_t d,
-             float scale, int threads) {
+             float scale, float v_scale, int threads) {
+  const C* k = static_cast<const C*>(key);
+  const C* v = static_cast<const C*>(value);
   switch (d) {
-    case 64: run<T, 64>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
-    case 128: run<T, 128>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
-    case 256: run<T, 256>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads); return 0;
+    case 64: run<T, C, 64>(q, k, v, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, v_scale, threads); return 0;
+    case 128: run<T, C, 128>(q, k, v, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, v_scale, threads); return 0;
+    case 256: run<T, C, 256>(q, k, v, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, v_scale, threads); return 0;
     default:
       if (d < 1 || d > MAX_HEAD_DIM) return 1;
-      run<T, 0>(q, key, value, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, threads);
+      run<T, C, 0>(q, k, v, out, bt, cl, batch, nh, nkv, nb, bs, tw, d, scale, v_scale, threads);
       return 0;
   }
 }
@@ -353,23 +438,124 @@ int dispatch(const T* q, const T* key, const T* value, T* out, const int64_t* bt
 extern "C" {
 
 // Returns 0 on success, nonzero where the shape is not supported (the caller falls back).
+// fp8: key/value hold e4m3 codes, read as code * k_scale and code * v_scale (else both scales
+// are ignored and key/value are in q's dtype).
 int cf_paged_decode(const void* q, const void* key, const void* value, void* out, const int64_t* block_tables,
                     const int64_t* context_lens, int64_t batch, int64_t num_heads, int64_t num_kv_heads,
                     int64_t num_blocks, int64_t block_size, int64_t table_width, int64_t head_dim, float scale,
-                    int bf16, int threads) {
+                    int bf16, int threads, int fp8, float k_scale, float v_scale) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads || num_heads / num_kv_heads > 8) return 2;
-  if (bf16)
-    return dispatch(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(key),
-                    static_cast<const uint16_t*>(value), static_cast<uint16_t*>(out), block_tables, context_lens,
-                    batch, num_heads, num_kv_heads, num_blocks, block_size, table_width, head_dim, scale, threads);
-  return dispatch(static_cast<const float*>(q), static_cast<const float*>(key), static_cast<const float*>(value),
-                  static_cast<float*>(out), block_tables, context_lens, batch, num_heads, num_kv_heads, num_blocks,
-                  block_size, table_width, head_dim, scale, threads);
+  const int64_t bt = batch, nh = num_heads, nkv = num_kv_heads, nb = num_blocks, bs = block_size;
+  const int64_t tw = table_width, d = head_dim;
+  if (bf16) {
+    const auto* qb = static_cast<const uint16_t*>(q);
+    auto* ob = static_cast<uint16_t*>(out);
+    return fp8 ? dispatch<uint16_t, uint8_t>(qb, key, value, ob, block_tables, context_lens, bt, nh, nkv, nb, bs, tw,
+                                             d, scale * k_scale, v_scale, threads)
+               : dispatch<uint16_t, uint16_t>(qb, key, value, ob, block_tables, context_lens, bt, nh, nkv, nb, bs,
+                                              tw, d, scale, 1.f, threads);
+  }
+  const auto* qf = static_cast<const float*>(q);
+  auto* of = static_cast<float*>(out);
+  return fp8 ? dispatch<float, uint8_t>(qf, key, value, of, block_tables, context_lens, bt, nh, nkv, nb, bs, tw, d,
+                                        scale * k_scale, v_scale, threads)
+             : dispatch<float, float>(qf, key, value, of, block_tables, context_lens, bt, nh, nkv, nb, bs, tw, d,
+                                      scale, 1.f, threads);
+}
+
+// Gathers blocks of one FP8 cache tensor ([heads, slots_per_head, head_dim] e4m3 codes) into out
+// [heads, num_ids * block_size, head_dim] as code * scale, in float32 or bf16 (bf16: the float32
+// product rounded once, to nearest even): what gather_blocks and fp8_dequantize do in five passes
+// over the copy, in one. Returns 0, or 1 for a block id out of range (nothing is written then).
+int cf_gather_fp8(const void* cache, const int64_t* block_ids, int64_t num_ids, int64_t heads,
+                  int64_t num_blocks, int64_t block_size, int64_t head_dim, float scale, void* out, int bf16) {
+  for (int64_t i = 0; i < num_ids; ++i)
+    if (block_ids[i] < 0 || block_ids[i] >= num_blocks) return 1;
+  const auto* src = static_cast<const uint8_t*>(cache);
+  const int64_t block_elems = block_size * head_dim;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < num_ids; ++i) {
+      const uint8_t* b = src + (h * num_blocks + block_ids[i]) * block_elems;
+      const int64_t o = (h * num_ids + i) * block_elems;
+      int64_t e = 0;
+#if CF_HAVE_FP8_VEC
+      const __m512 s = _mm512_set1_ps(scale);
+      for (; e + 16 <= block_elems; e += 16) {
+        const __m512 x = _mm512_mul_ps(load16(b + e), s);
+        if (bf16) cf_bf16::store16(static_cast<uint16_t*>(out) + o + e, x);
+        else _mm512_storeu_ps(static_cast<float*>(out) + o + e, x);
+      }
+#endif
+      for (; e < block_elems; ++e) {
+        const float x = fp8_to_float(b[e]) * scale;
+        if (bf16) static_cast<uint16_t*>(out)[o + e] = cf_bf16::from_float(x);
+        else static_cast<float*>(out)[o + e] = x;
+      }
+    }
+  }
+  return 0;
 }
 
 }  // extern "C"
 
 extern "C" {
+
+// The FP8 store divides exactly as torch does: -ffast-math (this file's flag) would let the
+// compiler multiply by a reciprocal instead, which rounds differently.
+#if defined(__clang__)
+#pragma float_control(precise, on, push)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("no-fast-math")
+#endif
+
+// x / scale as the FP8 cache stores it (kv_cache.quantize_fp8): divided in float32, clamped to
+// +-448, magnitudes under 2^-6 snapped to 0 (under 2^-7) or +-2^-6 (no subnormal codes), the rest
+// rounded to the nearest e4m3 (ties to even); NaN stays NaN (0x7f with its sign).
+inline uint8_t to_e4m3_cache(float x, float scale) {
+  float y = x / scale;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &y, sizeof bits);
+  const uint8_t sign = static_cast<uint8_t>(bits >> 24) & 0x80u;
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return sign | 0x7fu;  // NaN
+  if (mag >= 0x43e00000u) return sign | 0x7eu;  // >= 448 (clamped)
+  if (mag < 0x3c000000u) return 0;  // under 2^-7: +0
+  if (mag < 0x3c800000u) return sign | 0x08u;  // [2^-7, 2^-6): +-2^-6
+  const uint32_t rounded = mag + 0x7ffffu + ((mag >> 20) & 1u);  // to 3 mantissa bits, ties to even
+  return sign | static_cast<uint8_t>((rounded >> 20) - (120u << 3));
+}
+
+// cf_store_kv for an FP8 cache: rows of bf16 (bf16 = 1) or float32 values stored as
+// to_e4m3_cache(x, k_scale) / (x, v_scale) codes. Returns 0, or 1 for a slot out of range.
+int cf_store_kv_fp8(const void* k, int64_t k_row, int64_t k_head, const void* v, int64_t v_row, int64_t v_head,
+                    void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t heads,
+                    int64_t head_dim, int64_t slots_per_head, int bf16, float k_scale, float v_scale) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (slots[t] < 0 || slots[t] >= slots_per_head) return 1;
+  auto* kc = static_cast<uint8_t*>(key_cache);
+  auto* vc = static_cast<uint8_t*>(value_cache);
+  auto value_at = [bf16](const void* base, int64_t i) {
+    return bf16 ? cf_bf16::to_float(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
+  };
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t dst = (h * slots_per_head + slots[t]) * head_dim;
+      const int64_t ks = t * k_row + h * k_head, vs = t * v_row + h * v_head;
+      for (int64_t i = 0; i < head_dim; ++i) {
+        kc[dst + i] = to_e4m3_cache(value_at(k, ks + i), k_scale);
+        vc[dst + i] = to_e4m3_cache(value_at(v, vs + i), v_scale);
+      }
+    }
+  }
+  return 0;
+}
+
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 // Stores a step's new keys and values into the paged cache: row t of head h of k (at
 // k + t * k_row + h * k_head, head_dim contiguous elements of elem_bytes) goes to slot slots[t]

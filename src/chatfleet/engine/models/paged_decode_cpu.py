@@ -20,9 +20,16 @@ torch has more than one thread), cached by a hash of its source, compiler and CP
 build fails, the caller keeps the torch-op path (``available()`` is False; one log line says why);
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
 
+An FP8 cache (e4m3 codes, read as ``code * k_scale`` and ``code * v_scale``) takes the same kernel:
+each run of 16 key rows is widened exactly into a small buffer of the query's dtype, each V row as
+it is read, so a decode reads half a bf16 cache's bytes (the torch-op path instead gathers,
+converts and scales padded copies of K and V: bf16, one thread, b32 x 500 tokens x 8 layers,
+``benchmarks/fp8_kv_speed.py``). ``gather_fp8`` does the same widening for a prefill chunk's
+context (gather, convert and scale in one pass, for the chunk attention kernels).
+
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
-dtype, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid entries per row),
-context_lens [B] int64 (each >= 1, counting the new token); Hq / Hkv <= 8; D <= 512.
+dtype or ``float8_e4m3fn``, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid
+entries per row), context_lens [B] int64 (each >= 1, counting the new token); Hq / Hkv <= 8; D <= 512.
 """
 
 from __future__ import annotations
@@ -43,16 +50,26 @@ MAX_GROUP = 8
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
+FP8 = torch.float8_e4m3fn
 
 
 def _bind(lib: ctypes.CDLL) -> str | None:
     fn = lib.cf_paged_decode
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
+                   + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_float])
+    gather = lib.cf_gather_fp8
+    gather.restype = ctypes.c_int
+    gather.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5
+                       + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
     store = lib.cf_store_kv
     store.restype = ctypes.c_int
     store.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
                       + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5)
+    store8 = lib.cf_store_kv_fp8
+    store8.restype = ctypes.c_int
+    store8.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
+                       + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_float, ctypes.c_float])
     return None
 
 
@@ -67,9 +84,9 @@ def available() -> bool:
 
 def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
     """Whether the kernel takes a model of this shape: a CPU, float32 or bfloat16 queries over a
-    cache of the same dtype, head dims up to MAX_HEAD_DIM, ``group`` (query heads per kv head) at
-    most MAX_GROUP."""
-    return (device.type == "cpu" and dtype in DTYPES and kv_dtype == dtype and head_dim <= MAX_HEAD_DIM
+    cache of the same dtype or FP8 (e4m3), head dims up to MAX_HEAD_DIM, ``group`` (query heads
+    per kv head) at most MAX_GROUP."""
+    return (device.type == "cpu" and dtype in DTYPES and kv_dtype in (dtype, FP8) and head_dim <= MAX_HEAD_DIM
             and group <= MAX_GROUP)
 
 
@@ -80,8 +97,10 @@ def supports(q: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 def paged_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, Hq, D] over each sequence's first ``context_lens[b]`` cached positions -> [B, Hq, D]."""
+                 context_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                 k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """q [B, Hq, D] over each sequence's first ``context_lens[b]`` cached positions -> [B, Hq, D]
+    (an FP8 cache read as ``code * k_scale`` / ``code * v_scale``; the scales are ignored otherwise)."""
     lib = _LOADER.load()
     if lib is None or not supports(q, key):
         raise RuntimeError("the paged decode C++ kernel cannot run here; check available() and supports()")
@@ -97,9 +116,33 @@ def paged_decode(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_
     rc = lib.cf_paged_decode(q.data_ptr(), key.data_ptr(), value.data_ptr(), out.data_ptr(),
                              block_tables.data_ptr(), context_lens.data_ptr(), batch, num_heads, num_kv_heads,
                              num_blocks, block_size, block_tables.shape[1], head_dim, scale,
-                             int(q.dtype == torch.bfloat16), torch.get_num_threads())
+                             int(q.dtype == torch.bfloat16), torch.get_num_threads(), int(key.dtype == FP8),
+                             k_scale, v_scale)
     if rc:
         raise RuntimeError(f"paged decode C++ kernel refused the shapes (code {rc})")
+    return out
+
+
+def gather_fp8(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The blocks ``block_ids`` of an FP8 cache tensor [Hkv, num_blocks, block_size, D] as
+    [Hkv, len(block_ids), block_size, D] in ``dtype`` (float32 or bfloat16), each ``code * scale``
+    rounded once: ``fp8_dequantize(gather_blocks(...))`` in one pass. None where the kernel does not
+    take the operands (the caller uses torch ops then)."""
+    if (not cache.is_cpu or cache.dtype != FP8 or dtype not in DTYPES or not cache.is_contiguous()
+            or block_ids.dtype != torch.int64 or block_ids.dim() != 1 or not block_ids.is_contiguous()):
+        return None
+    lib = _LOADER.load()
+    if lib is None:
+        return None
+    heads, num_blocks, block_size, head_dim = cache.shape
+    shape = (heads, block_ids.shape[0], block_size, head_dim)
+    if out is None or out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        out = torch.empty(shape, dtype=dtype)
+    rc = lib.cf_gather_fp8(cache.data_ptr(), block_ids.data_ptr(), block_ids.shape[0], heads, num_blocks,
+                           block_size, head_dim, scale, out.data_ptr(), int(dtype == torch.bfloat16))
+    if rc:
+        raise IndexError("a block id outside the cache")
     return out
 
 
@@ -127,9 +170,36 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: tor
     return True
 
 
+def store_kv_fp8(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 k_scale: float, v_scale: float) -> bool:
+    """``store_kv`` into an FP8 cache: k, v [T, Hkv, D] (float32 or bfloat16) stored as
+    ``kv_cache.quantize_fp8(k, k_scale)`` (and v) stores them, the same codes, in one pass. False
+    (nothing written) where the kernel does not take the operands."""
+    if not key.is_cpu:
+        return False
+    lib = _LOADER.load()
+    if (lib is None or key.dtype != FP8 or value.dtype != FP8 or k.dtype not in DTYPES or v.dtype != k.dtype
+            or k.shape != v.shape or k.dim() != 3 or k.stride(2) != 1 or v.stride(2) != 1
+            or not key.is_contiguous() or not value.is_contiguous() or slots.dtype != torch.int64
+            or not slots.is_contiguous() or slots.shape != (k.shape[0],) or key.shape[0] != k.shape[1]
+            or key.shape[3] != k.shape[2] or key.shape != value.shape):
+        return False
+    heads, num_blocks, block_size, head_dim = key.shape
+    rc = lib.cf_store_kv_fp8(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                             key.data_ptr(), value.data_ptr(), slots.data_ptr(), k.shape[0], heads, head_dim,
+                             num_blocks * block_size, int(k.dtype == torch.bfloat16), k_scale, v_scale)
+    if rc:
+        raise IndexError("a KV slot outside the cache")
+    return True
+
+
 def paged_decode_reference(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """The kernel's torch reference: per sequence, gather its blocks and attend in float32."""
+                           context_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
+    """The kernel's torch reference: per sequence, gather its blocks and attend in float32 (an FP8
+    cache converted by torch and scaled first)."""
+    if key.dtype == FP8:
+        key, value = key.float() * k_scale, value.float() * v_scale
     batch, num_heads, head_dim = q.shape
     num_kv_heads, _, block_size, _ = key.shape
     group = num_heads // num_kv_heads
