@@ -52,3 +52,18 @@ def test_engine_fields_read_from_the_engine_config():
     assert {"cache.num_tokens", "scheduler.max_running", "cache.enable_prefix_caching"} <= techniques.engine_fields()
     tuned = engine_args(TECHNIQUES, TechniqueSettings())
     assert tuned.missing == () and tuned.applied == TECHNIQUES  # this build has every technique
+
+
+def test_fp8_kv_is_opt_in_and_its_flags_parse_as_an_fp8_engine():
+    from chatfleet.engine.argv import parse_engine_argv
+
+    assert "fp8_kv" not in TECHNIQUES  # never in the tuned default
+    a = engine_args((*TECHNIQUES, "fp8_kv"), TechniqueSettings(kv_scales_from_prompts=256),
+                    ("--kv-cache-memory", "25165824"))
+    assert a.missing == () and a.applied[-1] == "fp8_kv"
+    assert a.args[a.args.index("--kv-cache-dtype") + 1] == "fp8"
+    config, _ = parse_engine_argv(["--model", "tiny", *a.args])
+    assert config.resolved_kv_cache_dtype == "fp8" and config.kv_scales_from_prompts == 256
+    assert config.cache.memory_bytes == 25165824
+    with pytest.raises(ConfigError):
+        TechniqueSettings(kv_scales_from_prompts=0)

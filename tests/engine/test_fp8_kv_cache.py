@@ -55,11 +55,12 @@ def prompts(loaded):
     return [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": u}]) for u in USERS]
 
 
-def make_engine(loaded, num_blocks=96, prefix=True, num_host_blocks=0, **sched):
+def make_engine(loaded, num_blocks=96, prefix=True, num_host_blocks=0, decode_kernel="auto", **sched):
     config = EngineConfig(model="tiny", max_model_len=1024, kv_cache_dtype="fp8",
                           cache=CacheConfig(block_size=BS, num_tokens=num_blocks * BS, enable_prefix_caching=prefix),
                           scheduler=SchedulerConfig(**sched))
-    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, kv_cache_dtype="fp8")
+    runner = TorchRunner(loaded, num_blocks, BS, num_host_blocks=num_host_blocks, kv_cache_dtype="fp8",
+                         decode_kernel=decode_kernel)
     return Engine(config, runner=runner, tokenizer=loaded.tokenizer)
 
 
@@ -101,6 +102,19 @@ def test_batched_chunked_prefix_hit_and_preempted_equal_alone(loaded, prompts, a
     tight = make_engine(loaded, num_blocks=-(-longest // BS) + 1, prefix=False, max_batched_tokens=24)
     assert run(tight, everyone) == alone
     assert tight.stats().num_preemptions > 0
+
+
+def test_the_cpp_decode_kernel_and_the_torch_op_path_agree(loaded, prompts, alone):
+    """``alone`` decodes through the C++ kernel where it builds (rows widened in the kernel); the
+    torch-op path (placed codes, gathered copies) gives the same greedy tokens."""
+    from chatfleet.engine.models import paged_decode_cpu
+
+    if not paged_decode_cpu.available():
+        pytest.skip("no C++ compiler: both runs would take the torch-op path")
+    assert make_engine(loaded).runner.decode_kernel == "cpp"
+    torch_ops = make_engine(loaded, prefix=False, decode_kernel="torch")
+    assert torch_ops.runner.decode_kernel == "torch"
+    assert run(torch_ops, {f"r{i}": p for i, p in enumerate(prompts)}) == alone
 
 
 def test_host_tier_reload_equals_alone(loaded, prompts, alone):

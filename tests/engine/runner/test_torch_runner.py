@@ -189,7 +189,9 @@ def test_decode_kernel_resolves_to_cpp_where_it_builds_and_refuses_what_it_canno
     built = paged_decode_cpu.available()
     assert resolve_decode_kernel("auto", cpu, f32, f32, {64}, {4}) == ("cpp" if built else "torch")
     assert resolve_decode_kernel("torch", cpu, f32, f32, {64}, {4}) == "torch"
-    assert resolve_decode_kernel("auto", cpu, bf16, torch.float8_e4m3fn, {64}, {4}) == "torch"  # FP8 cache
+    fp8 = torch.float8_e4m3fn  # an FP8 cache: the kernel widens its rows
+    assert resolve_decode_kernel("auto", cpu, bf16, fp8, {64}, {4}) == ("cpp" if built else "torch")
+    assert resolve_decode_kernel("auto", cpu, bf16, f32, {64}, {4}) == "torch"  # a cache of another dtype
     assert resolve_decode_kernel("auto", cpu, f32, f32, {576}, {4}) == "torch"  # head dim
     with pytest.raises(ValueError, match="cpp decode kernel cannot run"):
         resolve_decode_kernel("cpp", cpu, torch.float16, torch.float16, {64}, {4})
