@@ -65,7 +65,7 @@ from machine import describe_machine, load_average  # noqa: E402  (same folder)
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 AIPERF = BENCH_DIR / ".venv-aiperf" / "bin" / "aiperf"
-SERIES = ("all", "vllm", "stock")
+SERIES = ("all", "vllm", "stock", "all_fp8", "vllm_fp8")  # the FP8 pair: capacity.py's, FP8 KV caches
 SESSION_HEADER = "X-Session-ID"
 # The SLO's metrics as AIPerf's summary names them (all in ms there).
 AIPERF_METRIC = {"ttft": "time_to_first_token", "itl": "inter_token_latency", "reply": "request_latency"}
@@ -345,13 +345,14 @@ def reset_prefix_cache(url: str) -> str:
 # -- the sweep ----------------------------------------------------------------------------------
 
 def series_spec(name: str, args: argparse.Namespace, model_dir: Path) -> SeriesSpec:
-    if name == "vllm":
-        return SeriesSpec.vllm("vllm", model_dir, kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype),
-                               args.kv_cache_tokens, args.threads, args.vllm_python, dtype=args.dtype)
-    base = ("--kv-cache-tokens", str(args.kv_cache_tokens), "--dtype", args.dtype)
+    budget = kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype)
+    if name in ("vllm", "vllm_fp8"):
+        return SeriesSpec.vllm(name, model_dir, budget, args.kv_cache_tokens, args.threads, args.vllm_python,
+                               dtype=args.dtype, kv_cache_dtype="fp8" if name == "vllm_fp8" else "auto")
+    base = ("--kv-cache-memory", str(budget), "--dtype", args.dtype)  # bytes: FP8 holds twice the tokens
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
-    return SeriesSpec.chatfleet(name, args.model, engine_args(TECHNIQUES if name == "all" else (), settings, base),
-                                args.threads)
+    techniques = {"all": TECHNIQUES, "all_fp8": (*TECHNIQUES, "fp8_kv")}.get(name, ())
+    return SeriesSpec.chatfleet(name, args.model, engine_args(techniques, settings, base), args.threads)
 
 
 def sweep(spec: SeriesSpec, args: argparse.Namespace, levels: list[int], model_dir: Path, workload: Workload,
@@ -438,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
             failed[name] = f"{type(e).__name__}: {e}"[:2000]
             con.print(f"[red]{name} failed:[/] {failed[name][:500]}")
     load_end = load_average()
-    ratios = {f"{n} / vllm": results[n]["knee"] / results["vllm"]["knee"] for n in results
-              if n != "vllm" and "vllm" in results and results[n]["knee"] and results["vllm"]["knee"]}
+    ratios = {f"{n} / {ref}": results[n]["knee"] / results[ref]["knee"] for ref in ("vllm", "vllm_fp8")
+              for n in results if not n.startswith("vllm") and ref in results
+              and results[n]["knee"] and results[ref]["knee"]}
     _print(con, results, ratios, slo)
     doc = {"benchmark": "aiperf_capacity", "created_unix": time.time(), "argv": sys.argv[1:],
            "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -10,7 +10,9 @@ KV budget, in one run: the knee (live chats within the SLO) and goodput of
   same bytes, scales measured from the first 512 prompt tokens; its accuracy in
   ``fp8_accuracy.py``);
 - ``vllm``: vLLM's CPU build with its defaults at the same device budget and dtype
-  (``--kv-cache-memory-bytes``, ``--dtype`` as ours; skipped when not installed).
+  (``--kv-cache-memory-bytes``, ``--dtype`` as ours; skipped when not installed);
+- ``vllm_fp8``: the same with vLLM's own FP8 KV cache (``--kv-cache-dtype fp8``), the peer of
+  ``all_fp8``.
 
 Then the returning-turn probe: a long conversation is evicted from the device by others, and
 its next turn's TTFT is measured with a host tier (reloaded) and without (recomputed), side by
@@ -69,8 +71,8 @@ from eviction_replay import target_check  # noqa: E402  (same folder)
 from machine import describe_machine, load_average  # noqa: E402  (same folder)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SERIES = ("vllm", "stock", "host_tier", "session_eviction", "lpm", "cap", "all", "all_fp8")
-DEFAULT_SERIES = SERIES[:-1]  # all_fp8 on request
+SERIES = ("vllm", "stock", "host_tier", "session_eviction", "lpm", "cap", "all", "all_fp8", "vllm_fp8")
+DEFAULT_SERIES = SERIES[:-2]  # the FP8 pair on request
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,10 +116,10 @@ def series_specs(args: argparse.Namespace, model_dir: Path, settings: TechniqueS
         raise SystemExit(f"unknown series {unknown}; valid: {', '.join(SERIES)}")
     out = []
     for name in wanted:
-        if name == "vllm":
+        if name in ("vllm", "vllm_fp8"):
             try:
-                out.append(SeriesSpec.vllm("vllm", model_dir, budget, args.kv_cache_tokens, args.threads,
-                                           args.vllm_python, args.dtype))
+                out.append(SeriesSpec.vllm(name, model_dir, budget, args.kv_cache_tokens, args.threads,
+                                           args.vllm_python, args.dtype, "fp8" if name == "vllm_fp8" else "auto"))
             except Exception as e:  # not installed: said in the table, not fatal
                 print(f"skip vllm: {e}", file=sys.stderr)
             continue
@@ -252,7 +254,7 @@ def _targets(rows: dict, speedup: float | None, replay_target: dict) -> list[dic
     out = []
     knee = {n: r["knee"] for n, r in rows.items()}
     for tuned in ("all", "all_fp8"):
-        for ref, want in (("vllm", 2.0), ("stock", 3.0)):
+        for ref, want in (("vllm", 2.0), ("vllm_fp8", 2.0), ("stock", 3.0)):
             if knee.get(tuned) and knee.get(ref):
                 ratio = knee[tuned] / knee[ref]
                 out.append({"name": f"{tuned} / {ref} knee", "value": f"{ratio:.2f}x", "want": f">= {want:g}x",

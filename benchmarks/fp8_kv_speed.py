@@ -115,10 +115,12 @@ def main() -> None:
             gather_blocks(key, ids, ws, "k")
             gather_blocks(value, ids, ws, "v")
 
+    widened = (KV_HEADS, len(ids), BLOCK, HEAD_DIM)
+
     def gather_fp8_cpp() -> None:
         for _ in range(layers):
-            pdc.gather_fp8(key8, ids, k_scale, dtype, ws.get("kd", (KV_HEADS, len(ids), BLOCK, HEAD_DIM), dtype, key.device))
-            pdc.gather_fp8(value8, ids, v_scale, dtype, ws.get("vd", (KV_HEADS, len(ids), BLOCK, HEAD_DIM), dtype, key.device))
+            pdc.gather_fp8(key8, ids, k_scale, dtype, ws.get("kd", widened, dtype, key.device))
+            pdc.gather_fp8(value8, ids, v_scale, dtype, ws.get("vd", widened, dtype, key.device))
 
     def gather_fp8_torch() -> None:
         for _ in range(layers):
@@ -134,7 +136,8 @@ def main() -> None:
         ("prefill context", "gather + widen in C++, FP8 cache", gather_fp8_cpp),
         ("prefill context", "gather + dequantize (torch), FP8 cache", gather_fp8_torch),
     ]
-    rows = [{"what": what, "path": path, "ms_per_step": timed(fn, args.iters, args.repeats)} for what, path, fn in cases]
+    rows = [{"what": what, "path": path, "ms_per_step": timed(fn, args.iters, args.repeats)}
+            for what, path, fn in cases]
     for row in rows:
         base = next(r for r in rows if r["what"] == row["what"])
         row["vs_model_dtype"] = row["ms_per_step"] / base["ms_per_step"]

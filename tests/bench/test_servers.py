@@ -28,6 +28,11 @@ def test_vllm_series_runs_at_the_same_budget_and_dtype_with_a_resettable_cache()
     cmd = _VLLMProcess(FleetConfig(replicas=1, model="/m"), Path(sys.executable), s.args).command(8123)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--model") + 1] == "/m"
+    assert "--kv-cache-dtype" not in args  # its default: the model's dtype
+    fp8 = SeriesSpec.vllm("vllm_fp8", Path("/m"), 12_582_912, 1024, threads=1, python=Path(sys.executable),
+                          kv_cache_dtype="fp8")
+    assert fp8.args[fp8.args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert fp8.args[fp8.args.index("--kv-cache-memory-bytes") + 1] == "12582912"  # the same bytes
     with pytest.raises(ConfigError, match="not installed"):
         SeriesSpec.vllm("vllm", Path("/m"), 1, 16, threads=1, python=Path("/nonexistent/python"))
 

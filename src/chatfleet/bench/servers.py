@@ -49,7 +49,9 @@ class SeriesSpec:
 
     @classmethod
     def vllm(cls, name: str, model_dir: Path, kv_bytes: int, pool_tokens: int, threads: int,
-             python: Path | None = None, dtype: str = "float32") -> SeriesSpec:
+             python: Path | None = None, dtype: str = "float32", kv_cache_dtype: str = "auto") -> SeriesSpec:
+        """vLLM's OpenAI server over ``kv_bytes`` of KV cache; ``kv_cache_dtype`` is its
+        ``--kv-cache-dtype`` (``auto``: the model's dtype; ``fp8``: its FP8 cache, twice the tokens)."""
         python = Path(python) if python else DEFAULT_VLLM_PYTHON
         if not python.exists():
             raise ConfigError(f"vLLM's CPU build is not installed at {python} "
@@ -60,6 +62,8 @@ class SeriesSpec:
         args = ("--dtype", dtype, "--served-model-name", VLLM_SERVED_NAME, "--max-model-len", str(max_model_len),
                 "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details",
                 "--uvicorn-log-level", "warning")
+        if kv_cache_dtype != "auto":
+            args += ("--kv-cache-dtype", kv_cache_dtype)
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}"}
         return cls(name, "vllm", str(model_dir), args, threads, VLLM_SERVED_NAME, env, python)

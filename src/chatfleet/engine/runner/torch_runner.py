@@ -83,8 +83,9 @@ def resolve_decode_kernel(requested: str, device: torch.device, dtype: torch.dty
         return "cpp"
     if requested == "cpp":
         why = "no C++ compiler or a failed build" if fits else (
-            f"it needs a CPU, a float32/bfloat16 model with a cache of its dtype or FP8, head dims up to {MAX_HEAD_DIM} and "
-            f"at most {MAX_GROUP} query heads per kv head; got {device.type}, {dtype}, cache {kv_dtype}, "
+            f"it needs a CPU, a float32/bfloat16 model with a cache of its dtype or FP8, head dims up to "
+            f"{MAX_HEAD_DIM} and at most {MAX_GROUP} query heads per kv head; got {device.type}, {dtype}, "
+            f"cache {kv_dtype}, "
             f"head dims {sorted(head_dims)}, groups {sorted(groups)}")
         raise ValueError(f"the cpp decode kernel cannot run here: {why}")
     return "torch"
