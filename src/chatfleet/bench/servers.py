@@ -59,9 +59,10 @@ class SeriesSpec:
         # vLLM's CPU backend keeps one block (128 tokens) of the pool back: it refuses a context as
         # long as the whole pool, so its longest context is one block shorter than ours.
         max_model_len = max(VLLM_CPU_BLOCK, pool_tokens - VLLM_CPU_BLOCK)
-        args = ("--dtype", dtype, "--served-model-name", VLLM_SERVED_NAME, "--max-model-len", str(max_model_len),
-                "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details",
-                "--uvicorn-log-level", "warning")
+        args: tuple[str, ...] = (
+            "--dtype", dtype, "--served-model-name", VLLM_SERVED_NAME, "--max-model-len", str(max_model_len),
+            "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prompt-tokens-details",
+            "--uvicorn-log-level", "warning")
         if kv_cache_dtype != "auto":
             args += ("--kv-cache-dtype", kv_cache_dtype)
         env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
