@@ -57,10 +57,9 @@ class KVCache:
     def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens: k, v [T, Hkv, D] into the flat slots ``slot_mapping`` [T]."""
         h, nb, bs, d = self.key.shape
-        if self.is_fp8:  # one C++ pass on the CPU (the same codes as quantize_fp8's)
-            if store_kv_fp8(self.key, self.value, slot_mapping, k, v, self.k_scale, self.v_scale):
-                return
-        elif store_kv(self.key, self.value, slot_mapping, k, v):  # one C++ pass on the CPU
+        # one C++ pass on the CPU (an FP8 cache gets the same codes as quantize_fp8's)
+        if (store_kv_fp8(self.key, self.value, slot_mapping, k, v, self.k_scale, self.v_scale) if self.is_fp8
+                else store_kv(self.key, self.value, slot_mapping, k, v)):
             return
         if self.is_fp8:  # index_copy_ has no FP8 kernel: copy the bytes
             k = quantize_fp8(k, self.k_scale).view(torch.uint8)

@@ -500,6 +500,17 @@ int cf_gather_fp8(const void* cache, const int64_t* block_ids, int64_t num_ids, 
 
 extern "C" {
 
+namespace {
+
+// Whether every one of the step's slots lies in the cache (the stores write nothing otherwise).
+inline bool slots_in_range(const int64_t* slots, int64_t tokens, int64_t slots_per_head) {
+  for (int64_t t = 0; t < tokens; ++t)
+    if (slots[t] < 0 || slots[t] >= slots_per_head) return false;
+  return true;
+}
+
+}  // namespace
+
 // The FP8 store divides exactly as torch does: -ffast-math (this file's flag) would let the
 // compiler multiply by a reciprocal instead, which rounds differently.
 #if defined(__clang__)
@@ -508,6 +519,8 @@ extern "C" {
 #pragma GCC push_options
 #pragma GCC optimize("no-fast-math")
 #endif
+
+namespace {
 
 // x / scale as the FP8 cache stores it (kv_cache.quantize_fp8): divided in float32, clamped to
 // +-448, magnitudes under 2^-6 snapped to 0 (under 2^-7) or +-2^-6 (no subnormal codes), the rest
@@ -526,13 +539,14 @@ inline uint8_t to_e4m3_cache(float x, float scale) {
   return sign | static_cast<uint8_t>((rounded >> 20) - (120u << 3));
 }
 
+}  // namespace
+
 // cf_store_kv for an FP8 cache: rows of bf16 (bf16 = 1) or float32 values stored as
 // to_e4m3_cache(x, k_scale) / (x, v_scale) codes. Returns 0, or 1 for a slot out of range.
 int cf_store_kv_fp8(const void* k, int64_t k_row, int64_t k_head, const void* v, int64_t v_row, int64_t v_head,
                     void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t heads,
                     int64_t head_dim, int64_t slots_per_head, int bf16, float k_scale, float v_scale) {
-  for (int64_t t = 0; t < tokens; ++t)
-    if (slots[t] < 0 || slots[t] >= slots_per_head) return 1;
+  if (!slots_in_range(slots, tokens, slots_per_head)) return 1;
   auto* kc = static_cast<uint8_t*>(key_cache);
   auto* vc = static_cast<uint8_t*>(value_cache);
   auto value_at = [bf16](const void* base, int64_t i) {
@@ -565,8 +579,7 @@ int cf_store_kv_fp8(const void* k, int64_t k_row, int64_t k_head, const void* v,
 int cf_store_kv(const void* k, int64_t k_row, int64_t k_head, const void* v, int64_t v_row, int64_t v_head,
                 void* key_cache, void* value_cache, const int64_t* slots, int64_t tokens, int64_t heads,
                 int64_t head_dim, int64_t slots_per_head, int64_t elem_bytes) {
-  for (int64_t t = 0; t < tokens; ++t)
-    if (slots[t] < 0 || slots[t] >= slots_per_head) return 1;
+  if (!slots_in_range(slots, tokens, slots_per_head)) return 1;
   const int64_t row_bytes = head_dim * elem_bytes;
   const char* kb = static_cast<const char*>(k);
   const char* vb = static_cast<const char*>(v);

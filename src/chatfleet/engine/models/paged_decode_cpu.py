@@ -146,6 +146,17 @@ def gather_fp8(cache: torch.Tensor, block_ids: torch.Tensor, scale: float, dtype
     return out
 
 
+def _store_layout_ok(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor) -> bool:
+    """Whether the store kernels take these operands' shapes and strides (dtypes are each one's own
+    check): k, v [T, Hkv, D] alike with D contiguous, key/value [Hkv, num_blocks, block_size, D]
+    alike and contiguous, slots [T] contiguous int64."""
+    return (k.shape == v.shape and k.dim() == 3 and k.stride(2) == 1 and v.stride(2) == 1
+            and key.is_contiguous() and value.is_contiguous() and slots.dtype == torch.int64
+            and slots.is_contiguous() and slots.shape == (k.shape[0],) and key.shape[0] == k.shape[1]
+            and key.shape[3] == k.shape[2] and key.shape == value.shape)
+
+
 def store_kv(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> bool:
     """Write k, v [T, Hkv, D] (any row and head strides, D contiguous) into the cache's flat slots
@@ -156,10 +167,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k: tor
         return False
     lib = _LOADER.load()
     if (lib is None or not (key.dtype == value.dtype == k.dtype == v.dtype)
-            or k.shape != v.shape or k.dim() != 3 or k.stride(2) != 1 or v.stride(2) != 1
-            or not key.is_contiguous() or not value.is_contiguous() or slots.dtype != torch.int64
-            or not slots.is_contiguous() or slots.shape != (k.shape[0],) or key.shape[0] != k.shape[1]
-            or key.shape[3] != k.shape[2] or key.shape != value.shape):
+            or not _store_layout_ok(key, value, slots, k, v)):
         return False
     heads, num_blocks, block_size, head_dim = key.shape
     rc = lib.cf_store_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
@@ -179,10 +187,7 @@ def store_kv_fp8(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, k:
         return False
     lib = _LOADER.load()
     if (lib is None or key.dtype != FP8 or value.dtype != FP8 or k.dtype not in DTYPES or v.dtype != k.dtype
-            or k.shape != v.shape or k.dim() != 3 or k.stride(2) != 1 or v.stride(2) != 1
-            or not key.is_contiguous() or not value.is_contiguous() or slots.dtype != torch.int64
-            or not slots.is_contiguous() or slots.shape != (k.shape[0],) or key.shape[0] != k.shape[1]
-            or key.shape[3] != k.shape[2] or key.shape != value.shape):
+            or not _store_layout_ok(key, value, slots, k, v)):
         return False
     heads, num_blocks, block_size, head_dim = key.shape
     rc = lib.cf_store_kv_fp8(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
