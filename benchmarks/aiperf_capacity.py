@@ -56,9 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chatfleet.bench.demo import kv_budget_bytes  # noqa: E402
 from chatfleet.bench.dists import with_mean  # noqa: E402
-from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
+from chatfleet.bench.servers import VLLM_SERIES_KV_DTYPE, SeriesSpec, start_server  # noqa: E402
 from chatfleet.bench.slo import SLO, parse_slo  # noqa: E402
-from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args  # noqa: E402
+from chatfleet.bench.techniques import TechniqueSettings, engine_args, series_techniques  # noqa: E402
 from chatfleet.bench.workload import Conversation, Workload, get_profile  # noqa: E402
 from machine import describe_machine, load_average  # noqa: E402  (same folder)
 
@@ -346,13 +346,13 @@ def reset_prefix_cache(url: str) -> str:
 
 def series_spec(name: str, args: argparse.Namespace, model_dir: Path) -> SeriesSpec:
     budget = kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype)
-    if name in ("vllm", "vllm_fp8"):
+    if name in VLLM_SERIES_KV_DTYPE:
         return SeriesSpec.vllm(name, model_dir, budget, args.kv_cache_tokens, args.threads, args.vllm_python,
-                               dtype=args.dtype, kv_cache_dtype="fp8" if name == "vllm_fp8" else "auto")
+                               dtype=args.dtype, kv_cache_dtype=VLLM_SERIES_KV_DTYPE[name])
     base = ("--kv-cache-memory", str(budget), "--dtype", args.dtype)  # bytes: FP8 holds twice the tokens
     settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
-    techniques = {"all": TECHNIQUES, "all_fp8": (*TECHNIQUES, "fp8_kv")}.get(name, ())
-    return SeriesSpec.chatfleet(name, args.model, engine_args(techniques, settings, base), args.threads)
+    return SeriesSpec.chatfleet(name, args.model, engine_args(series_techniques(name), settings, base),
+                                args.threads)
 
 
 def sweep(spec: SeriesSpec, args: argparse.Namespace, levels: list[int], model_dir: Path, workload: Workload,

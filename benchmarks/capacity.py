@@ -65,8 +65,8 @@ from chatfleet.bench.knee import knee_spread  # noqa: E402
 from chatfleet.bench.loops import JOINS  # noqa: E402
 from chatfleet.bench.replay import ReplayConfig, TraceSpec, make_trace, replay  # noqa: E402
 from chatfleet.bench.report import sweep_to_dict, write_json  # noqa: E402
-from chatfleet.bench.servers import SeriesSpec, start_server  # noqa: E402
-from chatfleet.bench.techniques import TECHNIQUES, TechniqueSettings, engine_args  # noqa: E402
+from chatfleet.bench.servers import VLLM_SERIES_KV_DTYPE, SeriesSpec, start_server  # noqa: E402
+from chatfleet.bench.techniques import TechniqueSettings, engine_args, series_techniques  # noqa: E402
 from eviction_replay import target_check  # noqa: E402  (same folder)
 from machine import describe_machine, load_average  # noqa: E402  (same folder)
 
@@ -116,15 +116,15 @@ def series_specs(args: argparse.Namespace, model_dir: Path, settings: TechniqueS
         raise SystemExit(f"unknown series {unknown}; valid: {', '.join(SERIES)}")
     out = []
     for name in wanted:
-        if name in ("vllm", "vllm_fp8"):
+        if name in VLLM_SERIES_KV_DTYPE:
             try:
                 out.append(SeriesSpec.vllm(name, model_dir, budget, args.kv_cache_tokens, args.threads,
-                                           args.vllm_python, args.dtype, "fp8" if name == "vllm_fp8" else "auto"))
+                                           args.vllm_python, args.dtype, VLLM_SERIES_KV_DTYPE[name]))
             except Exception as e:  # not installed: said in the table, not fatal
                 print(f"skip vllm: {e}", file=sys.stderr)
             continue
-        techniques = {"stock": (), "all": TECHNIQUES, "all_fp8": (*TECHNIQUES, "fp8_kv")}.get(name, (name,))
-        out.append(SeriesSpec.chatfleet(name, args.model, engine_args(techniques, settings, pool), args.threads))
+        out.append(SeriesSpec.chatfleet(name, args.model, engine_args(series_techniques(name), settings, pool),
+                                        args.threads))
     return out
 
 

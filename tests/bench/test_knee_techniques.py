@@ -58,6 +58,9 @@ def test_fp8_kv_is_opt_in_and_its_flags_parse_as_an_fp8_engine():
     from chatfleet.engine.argv import parse_engine_argv
 
     assert "fp8_kv" not in TECHNIQUES  # never in the tuned default
+    assert techniques.series_techniques("all") == TECHNIQUES and techniques.series_techniques("stock") == ()
+    assert techniques.series_techniques("all_fp8") == (*TECHNIQUES, "fp8_kv")
+    assert techniques.series_techniques("lpm") == ("lpm",)  # any other series: that technique alone
     a = engine_args((*TECHNIQUES, "fp8_kv"), TechniqueSettings(kv_scales_from_prompts=256),
                     ("--kv-cache-memory", "25165824"))
     assert a.missing == () and a.applied[-1] == "fp8_kv"

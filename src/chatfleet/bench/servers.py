@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[3]
 DEFAULT_VLLM_PYTHON = REPO / "benchmarks" / ".venv-vllm" / "bin" / "python"
 VLLM_SERVED_NAME = "bench"
 VLLM_CPU_BLOCK = 128
+# The benchmarks' vLLM series by name, with the --kv-cache-dtype each runs.
+VLLM_SERIES_KV_DTYPE = {"vllm": "auto", "vllm_fp8": "fp8"}
 
 
 @dataclass(frozen=True)

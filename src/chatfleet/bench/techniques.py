@@ -21,6 +21,14 @@ TECHNIQUES = ("cap", "host_tier", "session_eviction", "lpm")
 # checkpoint has none. It changes what the model computes (within fp8_accuracy.py's bound), so a
 # comparison using it gives the device budget in bytes (--kv-cache-memory), not tokens.
 OPT_IN_TECHNIQUES = ("fp8_kv",)
+# The benchmarks' chatfleet series by name: stock, every default technique, and those with an FP8
+# cache; any other series name is that one technique alone.
+SERIES_TECHNIQUES: dict[str, tuple[str, ...]] = {"stock": (), "all": TECHNIQUES, "all_fp8": (*TECHNIQUES, "fp8_kv")}
+
+
+def series_techniques(name: str) -> tuple[str, ...]:
+    """The techniques of the chatfleet series ``name`` (``capacity.py``, ``aiperf_capacity.py``)."""
+    return SERIES_TECHNIQUES.get(name, (name,))
 
 
 @dataclass(frozen=True)
