@@ -1,5 +1,6 @@
-"""The AVX-512 float32 chunk attention kernel against float64 attention of the same operands (the
-outside oracle), and its chunk invariance: a prompt cut into any chunks gives the same bits."""
+"""The AVX-512 chunk attention kernel against float64 attention of the same operands (the outside
+oracle), and its chunk invariance: a prompt cut into any chunks gives the same bits. bf16 operands
+(widened to float32, the result rounded once) against the same oracle, to bf16's rounding."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chatfleet.engine.models import chunk_attention_amx as amx
 from chatfleet.engine.models import chunk_attention_avx512 as m
-from chatfleet.engine.models.prefill_attention import chunk_attention
+from chatfleet.engine.models.prefill_attention import chunk_attention, runs_in_onednn
 
 pytestmark = pytest.mark.skipif(not m.available(), reason="no AVX-512 on this CPU (or no C++ compiler)")
 
@@ -87,8 +89,60 @@ def test_the_onednn_backend_routes_float32_chunks_here_and_the_rest_to_the_block
     assert torch.equal(chunk_attention(q, k, v, 8, 0.125, "onednn"), m.chunk_attention_avx512(q, k, v, 8, 0.125))
     assert not m.takes(q, k, v, 8, 16, 0)  # a sliding window
     assert not m.takes(q, k[:, 8:], v[:, 8:], 8, None, 8)  # keys not from position 0
-    assert not m.takes(q.bfloat16(), k.bfloat16(), v.bfloat16(), 8, None, 0)  # bf16
+    assert not m.takes(q.half(), k.half(), v.half(), 8, None, 0)  # float16
+    assert not m.takes(q.bfloat16(), k, v, 8, None, 0)  # mixed dtypes
     assert not m.takes(q[..., :40], k[..., :40], v[..., :40], 8, None, 0)  # head dim not compiled
     windowed = chunk_attention(q, k, v, 8, 0.125, "onednn", window=16)
     assert windowed.dtype == torch.float32 and windowed.shape == q.shape
     _close_to_reference(chunk_attention(q, k, v, 8, 0.125, "torch"), _float64_reference(q, k, v, 8, 0.125))
+
+
+def _close_to_reference_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    # float32 attention rounded to bf16 once: within half a bf16 ulp of the exact value (2^-8
+    # relative), plus the float32 error above
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    err = (got.double() - want).abs()
+    bound = want.abs() * 2.0**-8 + 2e-5 * max(1.0, want.abs().max().item())
+    assert bool((err <= bound).all()), f"worst excess {(err - bound).max().item():.3g}"
+
+
+@pytest.mark.parametrize("n,start,hq,hkv,d", [(1, 0, 1, 1, 64), (1, 40, 8, 2, 64), (37, 5, 8, 2, 64),
+                                              (300, 100, 8, 2, 64), (129, 0, 4, 4, 128), (33, 3, 6, 3, 112),
+                                              (17, 0, 2, 1, 256), (9, 20, 5, 1, 96)])
+def test_bf16_operands_match_float64_attention_to_one_rounding(n, start, hq, hkv, d):
+    q, k, v = (t.bfloat16() for t in _operands(n, start, hq, hkv, d, n + start + d))
+    assert m.takes(q, k, v, start, None, 0)
+    got = m.chunk_attention_avx512(q, k, v, start, d**-0.5)
+    _close_to_reference_in_bf16(got, _float64_reference(q, k, v, start, d**-0.5))  # of the bf16 values
+
+
+@settings(max_examples=15, deadline=None)
+@given(cuts=st.lists(st.integers(1, 70), min_size=1, max_size=6), group=st.sampled_from([1, 2, 4]),
+       seed=st.integers(0, 2**16))
+def test_bf16_chunking_never_changes_a_bit(cuts, group, seed):
+    n = sum(cuts)
+    q, k, v = (t.bfloat16() for t in _operands(n, 0, 2 * group, 2, 64, seed))
+    whole = m.chunk_attention_avx512(q, k, v, 0, 0.125)
+    pieces, s = [], 0
+    for c in cuts:
+        pieces.append(m.chunk_attention_avx512(q[s : s + c], k[:, : s + c], v[:, : s + c], s, 0.125))
+        s += c
+    assert torch.equal(torch.cat(pieces), whole)
+
+
+def test_bf16_strided_operands_as_the_engine_passes_them():
+    g = torch.Generator().manual_seed(5)
+    qk = torch.randn(70, 10, 64, generator=g).bfloat16()
+    kv_rows = torch.randn(70, 2, 64, generator=g).bfloat16()
+    q, k, v = qk[:, :8], qk[:, 8:].transpose(0, 1), kv_rows.transpose(0, 1)
+    got = m.chunk_attention_avx512(q, k, v, 0, 0.125)
+    assert torch.equal(got, m.chunk_attention_avx512(q.contiguous(), k.contiguous(), v.contiguous(), 0, 0.125))
+    _close_to_reference_in_bf16(got, _float64_reference(q, k, v, 0, 0.125))
+
+
+@pytest.mark.skipif(amx.available(), reason="bf16 chunks take the AMX kernel on this CPU")
+def test_without_amx_the_onednn_backend_routes_bf16_chunks_here_not_to_the_blocks():
+    q, k, v = (t.bfloat16() for t in _operands(40, 8, 8, 2, 64, 2))
+    assert torch.equal(chunk_attention(q, k, v, 8, 0.125, "onednn"), m.chunk_attention_avx512(q, k, v, 8, 0.125))
+    assert not runs_in_onednn(torch.bfloat16, 64)  # so the row buckets' primitives get their cache
+    assert runs_in_onednn(torch.bfloat16, 40)  # a head dim not compiled
