@@ -14,6 +14,16 @@
 // Every column's result depends only on its own query and on the keys in order from position 0,
 // never on which other rows share its tile: a chunk gives the same bits however the prompt was
 // cut into chunks (keys past a column's position add exact zeros).
+//
+// bf16 operands, on a CPU with AVX512_BF16 (cf_chunk_attention_avx512_bf16), take the same plan
+// with vdpbf16ps, which multiplies pairs of bf16 exactly and adds both products to a float32 sum:
+//   pass 1: Q^T is stored as pairs (Q[col][2p], Q[col][2p+1]), each key's pair of d broadcast:
+//           S^T[key][col] summed over d in pairs, in order;
+//   softmax: as above, in float32;
+//   pass 2: e rounded to bf16 (as the AMX kernel's) and paired by key (e[2j][col], e[2j+1][col]),
+//           V stored as key pairs (V[2j][d], V[2j+1][d]) once per call: O summed over key pairs in
+//           order from position 0, then O / l rounded to bf16 once.
+// Pairs are fixed by position (d from 0, keys from position 0), so the chunk invariance holds too.
 #include <immintrin.h>
 
 #include <cmath>
@@ -22,10 +32,17 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_bits.h"
+
 #if defined(__AVX512F__)
 #define CF_HAVE_AVX512 1
 #else
 #define CF_HAVE_AVX512 0
+#endif
+#if CF_HAVE_AVX512 && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define CF_HAVE_BF16_DOTS 1
+#else
+#define CF_HAVE_BF16_DOTS 0
 #endif
 
 namespace {
@@ -116,34 +133,26 @@ inline void values_block(const float* st, const float* vh, int64_t v_st, int64_t
   }
 }
 
-template <int DV>
-void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const float* k, const float* v,
-                 float* out, float* qt, float* st) {
-  constexpr int D = DV * 16;
-  const int64_t r0 = tile * kCols;
-  const int64_t r1 = std::min(s.rows, r0 + kCols);
+// The columns of one tile: which position each sees up to (-1: past the chunk's rows), the lowest,
+// and the keys its last column sees.
+struct Tile {
+  int64_t r0, r1, pmin, kv_end;
   alignas(64) int32_t pos[kCols];
-  for (int c = 0; c < kCols; ++c) pos[c] = r0 + c < r1 ? static_cast<int32_t>(s.start + (r0 + c) / s.g) : -1;
-  const int64_t pmin = s.start + r0 / s.g;
-  const int64_t kv_end = s.start + (r1 - 1) / s.g + 1;  // keys the tile's last column sees
-  const float* kh = k + h * s.k_sh;
-  const float* vh = v + h * s.v_sh;
-
-  // Q^T: qt[d][col] (columns past the chunk's rows are zeros)
-  std::memset(qt, 0, sizeof(float) * D * kCols);
-  for (int c = 0; c < kCols; ++c) {
-    if (pos[c] < 0) continue;
-    const int64_t r = r0 + c;
-    const float* src = q + (r / s.g) * s.q_st + (h * s.g + r % s.g) * s.q_sh;
-    for (int dd = 0; dd < D; ++dd) qt[dd * kCols + c] = src[dd];
+  Tile(const Shapes& s, int64_t tile) {
+    r0 = tile * kCols;
+    r1 = std::min(s.rows, r0 + kCols);
+    for (int c = 0; c < kCols; ++c) pos[c] = r0 + c < r1 ? static_cast<int32_t>(s.start + (r0 + c) / s.g) : -1;
+    pmin = s.start + r0 / s.g;
+    kv_end = s.start + (r1 - 1) / s.g + 1;
   }
+};
 
-  // pass 1, then the maximum over the keys each column sees
-  const __m512i pos0 = _mm512_load_si512(pos);
-  const __m512i pos1 = _mm512_load_si512(pos + 16);
-  const int64_t full_blocks = kv_end / kKeys1;
-  for (int64_t b = 0; b < full_blocks; ++b) scores_block<DV, kKeys1>(qt, kh, s.k_st, b * kKeys1, st);
-  scores_tail<DV>(qt, kh, s.k_st, full_blocks * kKeys1, kv_end - full_blocks * kKeys1, st);
+// After pass 1 (S^T[key][col] in st for keys < kv_end): each column's maximum over the keys it
+// sees, the softmax numerators e written over s (0 where not visible), and 1 / l per column in inv.
+inline void softmax_columns(const Shapes& s, const Tile& t, float* st, float* inv) {
+  const int64_t pmin = t.pmin, kv_end = t.kv_end;
+  const __m512i pos0 = _mm512_load_si512(t.pos);
+  const __m512i pos1 = _mm512_load_si512(t.pos + 16);
   __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
   const int64_t full = std::min(kv_end, pmin + 1);  // keys every column sees
   int64_t j = 0;
@@ -178,9 +187,34 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const
     _mm512_store_ps(row, e0);
     _mm512_store_ps(row + 16, e1);
   }
-  alignas(64) float inv[kCols];
   _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l0));
   _mm512_store_ps(inv + 16, _mm512_div_ps(_mm512_set1_ps(1.0f), l1));
+}
+
+template <int DV>
+void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const float* k, const float* v,
+                 float* out, float* qt, float* st) {
+  constexpr int D = DV * 16;
+  const Tile t(s, tile);
+  const int64_t r0 = t.r0, r1 = t.r1, kv_end = t.kv_end;
+  const float* kh = k + h * s.k_sh;
+  const float* vh = v + h * s.v_sh;
+
+  // Q^T: qt[d][col] (columns past the chunk's rows are zeros)
+  std::memset(qt, 0, sizeof(float) * D * kCols);
+  for (int c = 0; c < kCols; ++c) {
+    if (t.pos[c] < 0) continue;
+    const int64_t r = r0 + c;
+    const float* src = q + (r / s.g) * s.q_st + (h * s.g + r % s.g) * s.q_sh;
+    for (int dd = 0; dd < D; ++dd) qt[dd * kCols + c] = src[dd];
+  }
+
+  // pass 1, then softmax
+  const int64_t full_blocks = kv_end / kKeys1;
+  for (int64_t b = 0; b < full_blocks; ++b) scores_block<DV, kKeys1>(qt, kh, s.k_st, b * kKeys1, st);
+  scores_tail<DV>(qt, kh, s.k_st, full_blocks * kKeys1, kv_end - full_blocks * kKeys1, st);
+  alignas(64) float inv[kCols];
+  softmax_columns(s, t, st, inv);
 
   // pass 2, NC columns at a time (NC * DV accumulators: 16)
   constexpr int NC = DV >= 16 ? 1 : 16 / DV;
@@ -196,6 +230,191 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const
     }
   }
 }
+
+#if CF_HAVE_BF16_DOTS
+
+inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+inline uint32_t pair_at(const uint16_t* p) {  // p[0] in the low half, p[1] in the high half
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+
+// Pass 1 with bf16 pairs for keys j0 .. j0 + NK - 1: qp[p][col] holds (Q[col][2p], Q[col][2p+1]).
+template <int DV, int NK>
+inline void scores_block_bf16(const uint32_t* qp, const uint16_t* kh, int64_t k_st, int64_t j0, float* st) {
+  constexpr int P = DV * 8;  // pairs of d per row
+  __m512 acc[NK][2];
+  for (int t = 0; t < NK; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  const uint16_t* kr[NK];
+  for (int t = 0; t < NK; ++t) kr[t] = kh + (j0 + t) * k_st;
+#pragma GCC unroll 4
+  for (int pp = 0; pp < P; ++pp) {
+    const __m512i q0 = _mm512_load_si512(qp + pp * kCols);
+    const __m512i q1 = _mm512_load_si512(qp + pp * kCols + 16);
+    for (int t = 0; t < NK; ++t) {
+      const __m512i kv = _mm512_set1_epi32(static_cast<int32_t>(pair_at(kr[t] + 2 * pp)));
+      acc[t][0] = dot_pairs(acc[t][0], q0, kv);
+      acc[t][1] = dot_pairs(acc[t][1], q1, kv);
+    }
+  }
+  for (int t = 0; t < NK; ++t) {
+    _mm512_store_ps(st + (j0 + t) * kCols, acc[t][0]);
+    _mm512_store_ps(st + (j0 + t) * kCols + 16, acc[t][1]);
+  }
+}
+
+template <int DV>
+inline void scores_tail_bf16(const uint32_t* qp, const uint16_t* kh, int64_t k_st, int64_t j0, int64_t nk,
+                             float* st) {
+  switch (nk) {
+    case 1: scores_block_bf16<DV, 1>(qp, kh, k_st, j0, st); break;
+    case 2: scores_block_bf16<DV, 2>(qp, kh, k_st, j0, st); break;
+    case 3: scores_block_bf16<DV, 3>(qp, kh, k_st, j0, st); break;
+    case 4: scores_block_bf16<DV, 4>(qp, kh, k_st, j0, st); break;
+    case 5: scores_block_bf16<DV, 5>(qp, kh, k_st, j0, st); break;
+    case 6: scores_block_bf16<DV, 6>(qp, kh, k_st, j0, st); break;
+    case 7: scores_block_bf16<DV, 7>(qp, kh, k_st, j0, st); break;
+    default: break;
+  }
+}
+
+// One KV head's values as key pairs: vp[j][d] = (V[2j][d], V[2j+1][d]), a missing key 2j+1 as 0.
+template <int DV>
+void pair_values(const uint16_t* vh, int64_t v_st, int64_t keys, uint32_t* vp) {
+  constexpr int D = DV * 16;
+  for (int64_t j = 0; 2 * j < keys; ++j) {
+    const uint16_t* a = vh + 2 * j * v_st;
+    const uint16_t* b = 2 * j + 1 < keys ? a + v_st : nullptr;
+    for (int i = 0; i < DV; ++i) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16 * i)));
+      const __m512i hi = b ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 * i))), 16)
+                           : _mm512_setzero_si512();
+      _mm512_store_si512(vp + j * D + 16 * i, _mm512_or_si512(lo, hi));
+    }
+  }
+}
+
+// The numerators e (float32, in st) rounded to bf16 and paired by key: ep[j][col] = (e[2j][col],
+// e[2j+1][col]), the key past kv_end as 0.
+inline void pair_numerators(const float* st, int64_t kv_end, uint32_t* ep) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t j = 0; 2 * j < kv_end; ++j) {
+    const float* a = st + 2 * j * kCols;
+    const bool has_b = 2 * j + 1 < kv_end;
+    for (int half = 0; half < 2; ++half) {
+      const __m512 lo = _mm512_load_ps(a + 16 * half);
+      const __m512 hi = has_b ? _mm512_load_ps(a + kCols + 16 * half) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lo's 16 low, hi's 16 high
+      _mm512_store_si512(ep + j * kCols + 16 * half, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
+// Pass 2 with bf16 pairs for columns c0 .. c0 + NC - 1, over key pairs < pairs.
+template <int DV, int NC>
+inline void values_block_bf16(const uint32_t* ep, const uint32_t* vp, int64_t pairs, int c0,
+                              __m512 (&acc)[NC][DV]) {
+  constexpr int D = DV * 16;
+  for (int c = 0; c < NC; ++c)
+    for (int i = 0; i < DV; ++i) acc[c][i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512i vv[DV];
+    for (int i = 0; i < DV; ++i) vv[i] = _mm512_load_si512(vp + j * D + 16 * i);
+    const uint32_t* e = ep + j * kCols + c0;
+    for (int c = 0; c < NC; ++c) {
+      const __m512i ec = _mm512_set1_epi32(static_cast<int32_t>(e[c]));
+      for (int i = 0; i < DV; ++i) acc[c][i] = dot_pairs(acc[c][i], ec, vv[i]);
+    }
+  }
+}
+
+// Per-thread scratch of the bf16 path.
+struct Bf16Scratch {
+  uint32_t* qp;  // [D / 2][32]
+  float* st;     // [ctx + 1][32]
+  uint32_t* ep;  // [ctx / 2 + 1][32]
+};
+
+template <int DV>
+void attend_tile_bf16(const Shapes& s, int64_t h, int64_t tile, const uint16_t* q, const uint16_t* k,
+                      const uint32_t* vp, uint16_t* out, const Bf16Scratch& w) {
+  constexpr int D = DV * 16;
+  const Tile t(s, tile);
+  const int64_t r0 = t.r0, r1 = t.r1, kv_end = t.kv_end;
+  const uint16_t* kh = k + h * s.k_sh;
+
+  // Q^T as pairs (columns past the chunk's rows are zeros)
+  std::memset(w.qp, 0, sizeof(uint32_t) * (D / 2) * kCols);
+  for (int c = 0; c < kCols; ++c) {
+    if (t.pos[c] < 0) continue;
+    const int64_t r = r0 + c;
+    const uint16_t* src = q + (r / s.g) * s.q_st + (h * s.g + r % s.g) * s.q_sh;
+    for (int pp = 0; pp < D / 2; ++pp) w.qp[pp * kCols + c] = pair_at(src + 2 * pp);
+  }
+
+  const int64_t full_blocks = kv_end / kKeys1;
+  for (int64_t b = 0; b < full_blocks; ++b) scores_block_bf16<DV, kKeys1>(w.qp, kh, s.k_st, b * kKeys1, w.st);
+  scores_tail_bf16<DV>(w.qp, kh, s.k_st, full_blocks * kKeys1, kv_end - full_blocks * kKeys1, w.st);
+  alignas(64) float inv[kCols];
+  softmax_columns(s, t, w.st, inv);
+  pair_numerators(w.st, kv_end, w.ep);
+
+  constexpr int NC = DV >= 16 ? 1 : 16 / DV;
+  const int live = static_cast<int>(r1 - r0);
+  for (int c0 = 0; c0 < live; c0 += NC) {
+    __m512 acc[NC][DV];
+    values_block_bf16<DV, NC>(w.ep, vp + h * ((s.start + s.n + 1) / 2) * D, (kv_end + 1) / 2, c0, acc);
+    for (int cc = 0; cc < NC && c0 + cc < live; ++cc) {
+      const int64_t r = r0 + c0 + cc;
+      uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * D;
+      const __m512 iv = _mm512_set1_ps(inv[c0 + cc]);
+      for (int i = 0; i < DV; ++i) cf_bf16::store16(dst + 16 * i, _mm512_mul_ps(acc[cc][i], iv));
+    }
+  }
+}
+
+template <int DV>
+int run_bf16(const Shapes& s, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
+             int threads) {
+  constexpr int D = DV * 16;
+  const int64_t ctx = s.start + s.n;
+  const int64_t pairs = (ctx + 1) / 2;
+  uint32_t* vp = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * s.hkv * pairs * D));
+  if (vp == nullptr) return 4;
+  for (int64_t h = 0; h < s.hkv; ++h) pair_values<DV>(v + h * s.v_sh, s.v_st, ctx, vp + h * pairs * D);
+  int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    Bf16Scratch w;
+    w.qp = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * (D / 2) * kCols));
+    w.st = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * (ctx + 1) * kCols));
+    w.ep = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * (ctx / 2 + 1) * kCols));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < s.hkv * s.tiles; ++i) {
+      const int64_t h = i % s.hkv;
+      const int64_t tile = s.tiles - 1 - i / s.hkv;
+      if (w.qp == nullptr || w.st == nullptr || w.ep == nullptr) {
+#pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      attend_tile_bf16<DV>(s, h, tile, q, k, vp, out, w);
+    }
+    std::free(w.ep);
+    std::free(w.st);
+    std::free(w.qp);
+  }
+  std::free(vp);
+  return failed ? 4 : 0;
+}
+
+#endif  // CF_HAVE_BF16_DOTS
 
 // Returns 0, or 4 where a thread's scratch could not be allocated (its tiles are then not written).
 template <int DV>
@@ -227,19 +446,11 @@ int run(const Shapes& s, const float* q, const float* k, const float* v, float* 
 
 #endif  // CF_HAVE_AVX512
 
-}  // namespace
-
-// 0: built with AVX-512; 1: not.
-extern "C" int cf_avx512_built() { return CF_HAVE_AVX512 ? 0 : 1; }
-
-// Returns 0, or a nonzero code for shapes it does not take (the caller checks them first).
-extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q_sh, const float* k, int64_t k_sh,
-                                         int64_t k_st, const float* v, int64_t v_sh, int64_t v_st, float* out,
-                                         int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t start, float scale,
-                                         int threads) {
 #if CF_HAVE_AVX512
-  if (n <= 0 || hkv <= 0 || hq % hkv != 0 || d % 16 != 0 || d > kMaxHeadDim || start < 0) return 3;
-  Shapes s;
+// The shapes of a call, or false where the kernel does not take them.
+bool make_shapes(int64_t q_st, int64_t q_sh, int64_t k_sh, int64_t k_st, int64_t v_sh, int64_t v_st, int64_t n,
+                 int64_t hq, int64_t hkv, int64_t d, int64_t start, float scale, Shapes& s) {
+  if (n <= 0 || hkv <= 0 || hq % hkv != 0 || d % 16 != 0 || d > kMaxHeadDim || start < 0) return false;
   s.n = n;
   s.hq = hq;
   s.hkv = hkv;
@@ -255,6 +466,26 @@ extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q
   s.v_sh = v_sh;
   s.v_st = v_st;
   s.scale = scale;
+  return true;
+}
+#endif
+
+}  // namespace
+
+// 0: built with AVX-512; 1: not.
+extern "C" int cf_avx512_built() { return CF_HAVE_AVX512 ? 0 : 1; }
+
+// 0: built with AVX512_BF16's pair dot products (cf_chunk_attention_avx512_bf16 runs); 1: not.
+extern "C" int cf_avx512_bf16_built() { return CF_HAVE_BF16_DOTS ? 0 : 1; }
+
+// Returns 0, or a nonzero code for shapes it does not take (the caller checks them first).
+extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q_sh, const float* k, int64_t k_sh,
+                                         int64_t k_st, const float* v, int64_t v_sh, int64_t v_st, float* out,
+                                         int64_t n, int64_t hq, int64_t hkv, int64_t d, int64_t start, float scale,
+                                         int threads) {
+#if CF_HAVE_AVX512
+  Shapes s;
+  if (!make_shapes(q_st, q_sh, k_sh, k_st, v_sh, v_st, n, hq, hkv, d, start, scale, s)) return 3;
   if (threads < 1) threads = 1;
   switch (d / 16) {
     case 1: return run<1>(s, q, k, v, out, threads);
@@ -267,6 +498,35 @@ extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q
     case 8: return run<8>(s, q, k, v, out, threads);
     case 12: return run<12>(s, q, k, v, out, threads);
     case 16: return run<16>(s, q, k, v, out, threads);
+    default: return 3;
+  }
+#else
+  (void)q; (void)q_st; (void)q_sh; (void)k; (void)k_sh; (void)k_st; (void)v; (void)v_sh; (void)v_st;
+  (void)out; (void)n; (void)hq; (void)hkv; (void)d; (void)start; (void)scale; (void)threads;
+  return 1;
+#endif
+}
+
+// The same for bf16 q, k, v and out (bf16 bits), with pair dot products; 1 where not built with them.
+extern "C" int cf_chunk_attention_avx512_bf16(const uint16_t* q, int64_t q_st, int64_t q_sh, const uint16_t* k,
+                                              int64_t k_sh, int64_t k_st, const uint16_t* v, int64_t v_sh,
+                                              int64_t v_st, uint16_t* out, int64_t n, int64_t hq, int64_t hkv,
+                                              int64_t d, int64_t start, float scale, int threads) {
+#if CF_HAVE_BF16_DOTS
+  Shapes s;
+  if (!make_shapes(q_st, q_sh, k_sh, k_st, v_sh, v_st, n, hq, hkv, d, start, scale, s)) return 3;
+  if (threads < 1) threads = 1;
+  switch (d / 16) {
+    case 1: return run_bf16<1>(s, q, k, v, out, threads);
+    case 2: return run_bf16<2>(s, q, k, v, out, threads);
+    case 3: return run_bf16<3>(s, q, k, v, out, threads);
+    case 4: return run_bf16<4>(s, q, k, v, out, threads);
+    case 5: return run_bf16<5>(s, q, k, v, out, threads);
+    case 6: return run_bf16<6>(s, q, k, v, out, threads);
+    case 7: return run_bf16<7>(s, q, k, v, out, threads);
+    case 8: return run_bf16<8>(s, q, k, v, out, threads);
+    case 12: return run_bf16<12>(s, q, k, v, out, threads);
+    case 16: return run_bf16<16>(s, q, k, v, out, threads);
     default: return 3;
   }
 #else

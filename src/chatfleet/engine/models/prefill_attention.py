@@ -12,8 +12,9 @@ CPU with AMX takes ``chunk_attention_amx`` instead (one C++ pass per 16 query ro
 never leave L2; ~3x faster than the blocks on an AMX Xeon, and chunk-invariant by construction);
 a float32 chunk on a CPU with AVX-512 takes ``chunk_attention_avx512`` (the same plan with fused
 multiply-adds, 32 query rows per tile; ~1.7x faster than the blocks on a Xeon without AMX), and so
-does a bf16 chunk where there is no AMX, widened to float32 (2.4-9x faster than the bf16 blocks for
-returning turns on an AMD EPYC Zen 4, whose new shapes each JIT-compile oneDNN products).
+does a bf16 chunk where there is no AMX (with AVX512_BF16's pair dot products, else widened to
+float32; on an AMD EPYC Zen 4 the pair dots ran returning turns' attention 4-18x and cold 2K chunks
+~2.4x faster than the bf16 blocks, whose every new shape JIT-compiles oneDNN products).
 With ``torch`` it calls ``F.scaled_dot_product_attention``.
 """
 
