@@ -145,12 +145,12 @@ class Ranges:
 
     def wrap_kernels(self) -> None:
         """A range around each C++ kernel entry point, where the model's modules call it."""
-        from chatfleet.engine.models import attention, prefill_attention, qwen3
+        from chatfleet.engine.models import attention, prefill_attention, qwen3, swiglu
 
         for obj, attr, kind in ((qwen3, "qk_norm_rope", "kernel:qk_norm_rope"),
                                 (qwen3, "rms_norm", "kernel:rms_norm"),
                                 (qwen3, "add_rms_norm", "kernel:rms_norm"),
-                                (qwen3, "silu_and_mul", "kernel:silu_and_mul"),
+                                (swiglu, "silu_and_mul", "kernel:silu_and_mul"),  # where swiglu calls it
                                 (prefill_attention.amx, "chunk_attention_amx", "kernel:chunk_attention"),
                                 (prefill_attention.avx512, "chunk_attention_avx512", "kernel:chunk_attention"),
                                 (attention, "paged_decode", "kernel:decode_attention")):
