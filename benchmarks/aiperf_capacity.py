@@ -421,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = describe_machine(args.threads)
     load_start = load_average()
     con.print(f"{machine['cpu_model']} ({', '.join(f for f, on in machine['flags'].items() if on)}), load "
-              f"{load_start}; KV budget {args.kv_cache_tokens:,} tokens, {args.dtype}, {args.threads} thread(s); "
+              f"{load_start}; KV budget {kv_budget_bytes(model_dir, args.kv_cache_tokens, args.dtype) / 2**20:.1f} MiB "
+              f"({args.kv_cache_tokens:,} tokens of {args.dtype}; an FP8 cache holds twice that), "
+              f"{args.threads} thread(s); "
               f"{args.profile} (mean pause {args.pause_mean:g} s); SLO {slo}; users {levels}, {args.duration:g} s each")
     history = None
     if not args.skip_history_check:
