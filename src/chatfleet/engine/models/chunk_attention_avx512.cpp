@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "bf16_bits.h"
@@ -77,6 +78,40 @@ struct Shapes {
   float scale;
 };
 
+// n elements of T, 64-byte aligned, freed with it; false where the allocation failed.
+template <typename T>
+struct Buffer {
+  T* p;
+  explicit Buffer(int64_t n) : p(static_cast<T*>(std::aligned_alloc(64, (sizeof(T) * n + 63) / 64 * 64))) {}
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+// attend(h, tile, scratch) for every (KV head, tile) on `threads` threads, each with its own
+// scratch from make(), the longest tiles (last rows: most keys) first for the dynamic schedule.
+// Returns 0, or 4 where a thread's scratch could not be allocated (its tiles are then not written).
+template <typename Make, typename Attend>
+int for_each_tile(const Shapes& s, int threads, Make make, Attend attend) {
+  int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const auto w = make();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < s.hkv * s.tiles; ++i) {
+      if (!w.ok()) {
+#pragma omp atomic write
+        failed = 1;
+        continue;
+      }
+      attend(i % s.hkv, s.tiles - 1 - i / s.hkv, w);
+    }
+  }
+  return failed ? 4 : 0;
+}
+
 // Pass 1 for keys j0 .. j0 + NK - 1: S^T rows into st (NK x 32 floats). DV: D / 16.
 template <int DV, int NK>
 inline void scores_block(const float* qt, const float* kh, int64_t k_st, int64_t j0, float* st) {
@@ -101,16 +136,21 @@ inline void scores_block(const float* qt, const float* kh, int64_t k_st, int64_t
   }
 }
 
-template <int DV>
-inline void scores_tail(const float* qt, const float* kh, int64_t k_st, int64_t j0, int64_t nk, float* st) {
+template <int N>
+using Count = std::integral_constant<int, N>;
+
+// Pass 1's last keys (fewer than kKeys1): block(Count<nk>{}), the count a compile-time constant.
+template <typename Block>
+inline void scores_tail(int64_t nk, Block&& block) {
+  static_assert(kKeys1 == 8, "one case per tail length");
   switch (nk) {
-    case 1: scores_block<DV, 1>(qt, kh, k_st, j0, st); break;
-    case 2: scores_block<DV, 2>(qt, kh, k_st, j0, st); break;
-    case 3: scores_block<DV, 3>(qt, kh, k_st, j0, st); break;
-    case 4: scores_block<DV, 4>(qt, kh, k_st, j0, st); break;
-    case 5: scores_block<DV, 5>(qt, kh, k_st, j0, st); break;
-    case 6: scores_block<DV, 6>(qt, kh, k_st, j0, st); break;
-    case 7: scores_block<DV, 7>(qt, kh, k_st, j0, st); break;
+    case 1: block(Count<1>{}); break;
+    case 2: block(Count<2>{}); break;
+    case 3: block(Count<3>{}); break;
+    case 4: block(Count<4>{}); break;
+    case 5: block(Count<5>{}); break;
+    case 6: block(Count<6>{}); break;
+    case 7: block(Count<7>{}); break;
     default: break;
   }
 }
@@ -212,7 +252,9 @@ void attend_tile(const Shapes& s, int64_t h, int64_t tile, const float* q, const
   // pass 1, then softmax
   const int64_t full_blocks = kv_end / kKeys1;
   for (int64_t b = 0; b < full_blocks; ++b) scores_block<DV, kKeys1>(qt, kh, s.k_st, b * kKeys1, st);
-  scores_tail<DV>(qt, kh, s.k_st, full_blocks * kKeys1, kv_end - full_blocks * kKeys1, st);
+  scores_tail(kv_end - full_blocks * kKeys1, [&](auto nk) {
+    scores_block<DV, decltype(nk)::value>(qt, kh, s.k_st, full_blocks * kKeys1, st);
+  });
   alignas(64) float inv[kCols];
   softmax_columns(s, t, st, inv);
 
@@ -264,21 +306,6 @@ inline void scores_block_bf16(const uint32_t* qp, const uint16_t* kh, int64_t k_
   for (int t = 0; t < NK; ++t) {
     _mm512_store_ps(st + (j0 + t) * kCols, acc[t][0]);
     _mm512_store_ps(st + (j0 + t) * kCols + 16, acc[t][1]);
-  }
-}
-
-template <int DV>
-inline void scores_tail_bf16(const uint32_t* qp, const uint16_t* kh, int64_t k_st, int64_t j0, int64_t nk,
-                             float* st) {
-  switch (nk) {
-    case 1: scores_block_bf16<DV, 1>(qp, kh, k_st, j0, st); break;
-    case 2: scores_block_bf16<DV, 2>(qp, kh, k_st, j0, st); break;
-    case 3: scores_block_bf16<DV, 3>(qp, kh, k_st, j0, st); break;
-    case 4: scores_block_bf16<DV, 4>(qp, kh, k_st, j0, st); break;
-    case 5: scores_block_bf16<DV, 5>(qp, kh, k_st, j0, st); break;
-    case 6: scores_block_bf16<DV, 6>(qp, kh, k_st, j0, st); break;
-    case 7: scores_block_bf16<DV, 7>(qp, kh, k_st, j0, st); break;
-    default: break;
   }
 }
 
@@ -334,11 +361,13 @@ inline void values_block_bf16(const uint32_t* ep, const uint32_t* vp, int64_t pa
   }
 }
 
-// Per-thread scratch of the bf16 path.
+// Per-thread scratch of the bf16 path (freed with it; ok() false where an allocation failed).
 struct Bf16Scratch {
-  uint32_t* qp;  // [D / 2][32]
-  float* st;     // [ctx + 1][32]
-  uint32_t* ep;  // [ctx / 2 + 1][32]
+  Buffer<uint32_t> qp;  // [D / 2][32]
+  Buffer<float> st;     // [ctx + 1][32]
+  Buffer<uint32_t> ep;  // [ctx / 2 + 1][32]
+  Bf16Scratch(int64_t d, int64_t ctx) : qp(d / 2 * kCols), st((ctx + 1) * kCols), ep((ctx / 2 + 1) * kCols) {}
+  bool ok() const { return qp && st && ep; }
 };
 
 template <int DV>
@@ -350,26 +379,28 @@ void attend_tile_bf16(const Shapes& s, int64_t h, int64_t tile, const uint16_t* 
   const uint16_t* kh = k + h * s.k_sh;
 
   // Q^T as pairs (columns past the chunk's rows are zeros)
-  std::memset(w.qp, 0, sizeof(uint32_t) * (D / 2) * kCols);
+  std::memset(w.qp.p, 0, sizeof(uint32_t) * (D / 2) * kCols);
   for (int c = 0; c < kCols; ++c) {
     if (t.pos[c] < 0) continue;
     const int64_t r = r0 + c;
     const uint16_t* src = q + (r / s.g) * s.q_st + (h * s.g + r % s.g) * s.q_sh;
-    for (int pp = 0; pp < D / 2; ++pp) w.qp[pp * kCols + c] = pair_at(src + 2 * pp);
+    for (int pp = 0; pp < D / 2; ++pp) w.qp.p[pp * kCols + c] = pair_at(src + 2 * pp);
   }
 
   const int64_t full_blocks = kv_end / kKeys1;
-  for (int64_t b = 0; b < full_blocks; ++b) scores_block_bf16<DV, kKeys1>(w.qp, kh, s.k_st, b * kKeys1, w.st);
-  scores_tail_bf16<DV>(w.qp, kh, s.k_st, full_blocks * kKeys1, kv_end - full_blocks * kKeys1, w.st);
+  for (int64_t b = 0; b < full_blocks; ++b) scores_block_bf16<DV, kKeys1>(w.qp.p, kh, s.k_st, b * kKeys1, w.st.p);
+  scores_tail(kv_end - full_blocks * kKeys1, [&](auto nk) {
+    scores_block_bf16<DV, decltype(nk)::value>(w.qp.p, kh, s.k_st, full_blocks * kKeys1, w.st.p);
+  });
   alignas(64) float inv[kCols];
-  softmax_columns(s, t, w.st, inv);
-  pair_numerators(w.st, kv_end, w.ep);
+  softmax_columns(s, t, w.st.p, inv);
+  pair_numerators(w.st.p, kv_end, w.ep.p);
 
   constexpr int NC = DV >= 16 ? 1 : 16 / DV;
   const int live = static_cast<int>(r1 - r0);
   for (int c0 = 0; c0 < live; c0 += NC) {
     __m512 acc[NC][DV];
-    values_block_bf16<DV, NC>(w.ep, vp + h * ((s.start + s.n + 1) / 2) * D, (kv_end + 1) / 2, c0, acc);
+    values_block_bf16<DV, NC>(w.ep.p, vp + h * ((s.start + s.n + 1) / 2) * D, (kv_end + 1) / 2, c0, acc);
     for (int cc = 0; cc < NC && c0 + cc < live; ++cc) {
       const int64_t r = r0 + c0 + cc;
       uint16_t* dst = out + ((r / s.g) * s.hq + h * s.g + r % s.g) * D;
@@ -385,68 +416,52 @@ int run_bf16(const Shapes& s, const uint16_t* q, const uint16_t* k, const uint16
   constexpr int D = DV * 16;
   const int64_t ctx = s.start + s.n;
   const int64_t pairs = (ctx + 1) / 2;
-  uint32_t* vp = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * s.hkv * pairs * D));
-  if (vp == nullptr) return 4;
-  for (int64_t h = 0; h < s.hkv; ++h) pair_values<DV>(v + h * s.v_sh, s.v_st, ctx, vp + h * pairs * D);
-  int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    Bf16Scratch w;
-    w.qp = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * (D / 2) * kCols));
-    w.st = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * (ctx + 1) * kCols));
-    w.ep = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * (ctx / 2 + 1) * kCols));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < s.hkv * s.tiles; ++i) {
-      const int64_t h = i % s.hkv;
-      const int64_t tile = s.tiles - 1 - i / s.hkv;
-      if (w.qp == nullptr || w.st == nullptr || w.ep == nullptr) {
-#pragma omp atomic write
-        failed = 1;
-        continue;
-      }
-      attend_tile_bf16<DV>(s, h, tile, q, k, vp, out, w);
-    }
-    std::free(w.ep);
-    std::free(w.st);
-    std::free(w.qp);
-  }
-  std::free(vp);
-  return failed ? 4 : 0;
+  const Buffer<uint32_t> vp(s.hkv * pairs * D);
+  if (!vp) return 4;
+  for (int64_t h = 0; h < s.hkv; ++h) pair_values<DV>(v + h * s.v_sh, s.v_st, ctx, vp.p + h * pairs * D);
+  return for_each_tile(s, threads, [&] { return Bf16Scratch(D, ctx); },
+                       [&](int64_t h, int64_t tile, const Bf16Scratch& w) {
+                         attend_tile_bf16<DV>(s, h, tile, q, k, vp.p, out, w);
+                       });
 }
 
 #endif  // CF_HAVE_BF16_DOTS
 
-// Returns 0, or 4 where a thread's scratch could not be allocated (its tiles are then not written).
+// Per-thread scratch of the float32 path.
+struct Float32Scratch {
+  Buffer<float> qt;  // [D][32]
+  Buffer<float> st;  // [ctx + 1][32]: one row more than the keys, pass 2's last group of columns may read it
+  Float32Scratch(int64_t d, int64_t ctx) : qt(d * kCols), st((ctx + 1) * kCols) {}
+  bool ok() const { return qt && st; }
+};
+
 template <int DV>
 int run(const Shapes& s, const float* q, const float* k, const float* v, float* out, int threads) {
   const int64_t ctx = s.start + s.n;
-  int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    float* qt = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * DV * 16 * kCols));
-    // one row more than the keys: pass 2's last group of columns may read past a row's 32
-    float* st = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * (ctx + 1) * kCols));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < s.hkv * s.tiles; ++w) {
-      // the longest tiles (last rows: most keys) first, for the dynamic schedule
-      const int64_t h = w % s.hkv;
-      const int64_t tile = s.tiles - 1 - w / s.hkv;
-      if (qt == nullptr || st == nullptr) {
-#pragma omp atomic write
-        failed = 1;
-        continue;
-      }
-      attend_tile<DV>(s, h, tile, q, k, v, out, qt, st);
-    }
-    std::free(st);
-    std::free(qt);
-  }
-  return failed ? 4 : 0;
+  return for_each_tile(s, threads, [&] { return Float32Scratch(DV * 16, ctx); },
+                       [&](int64_t h, int64_t tile, const Float32Scratch& w) {
+                         attend_tile<DV>(s, h, tile, q, k, v, out, w.qt.p, w.st.p);
+                       });
 }
 
-#endif  // CF_HAVE_AVX512
+// run(Count<d / 16>{}) for the head dims compiled (HEAD_DIMS in the .py), 3 for any other.
+template <typename Run>
+int with_head_dim(int64_t d, Run&& run) {
+  switch (d / 16) {
+    case 1: return run(Count<1>{});
+    case 2: return run(Count<2>{});
+    case 3: return run(Count<3>{});
+    case 4: return run(Count<4>{});
+    case 5: return run(Count<5>{});
+    case 6: return run(Count<6>{});
+    case 7: return run(Count<7>{});
+    case 8: return run(Count<8>{});
+    case 12: return run(Count<12>{});
+    case 16: return run(Count<16>{});
+    default: return 3;
+  }
+}
 
-#if CF_HAVE_AVX512
 // The shapes of a call, or false where the kernel does not take them.
 bool make_shapes(int64_t q_st, int64_t q_sh, int64_t k_sh, int64_t k_st, int64_t v_sh, int64_t v_st, int64_t n,
                  int64_t hq, int64_t hkv, int64_t d, int64_t start, float scale, Shapes& s) {
@@ -487,19 +502,7 @@ extern "C" int cf_chunk_attention_avx512(const float* q, int64_t q_st, int64_t q
   Shapes s;
   if (!make_shapes(q_st, q_sh, k_sh, k_st, v_sh, v_st, n, hq, hkv, d, start, scale, s)) return 3;
   if (threads < 1) threads = 1;
-  switch (d / 16) {
-    case 1: return run<1>(s, q, k, v, out, threads);
-    case 2: return run<2>(s, q, k, v, out, threads);
-    case 3: return run<3>(s, q, k, v, out, threads);
-    case 4: return run<4>(s, q, k, v, out, threads);
-    case 5: return run<5>(s, q, k, v, out, threads);
-    case 6: return run<6>(s, q, k, v, out, threads);
-    case 7: return run<7>(s, q, k, v, out, threads);
-    case 8: return run<8>(s, q, k, v, out, threads);
-    case 12: return run<12>(s, q, k, v, out, threads);
-    case 16: return run<16>(s, q, k, v, out, threads);
-    default: return 3;
-  }
+  return with_head_dim(d, [&](auto dv) { return run<decltype(dv)::value>(s, q, k, v, out, threads); });
 #else
   (void)q; (void)q_st; (void)q_sh; (void)k; (void)k_sh; (void)k_st; (void)v; (void)v_sh; (void)v_st;
   (void)out; (void)n; (void)hq; (void)hkv; (void)d; (void)start; (void)scale; (void)threads;
@@ -516,19 +519,7 @@ extern "C" int cf_chunk_attention_avx512_bf16(const uint16_t* q, int64_t q_st, i
   Shapes s;
   if (!make_shapes(q_st, q_sh, k_sh, k_st, v_sh, v_st, n, hq, hkv, d, start, scale, s)) return 3;
   if (threads < 1) threads = 1;
-  switch (d / 16) {
-    case 1: return run_bf16<1>(s, q, k, v, out, threads);
-    case 2: return run_bf16<2>(s, q, k, v, out, threads);
-    case 3: return run_bf16<3>(s, q, k, v, out, threads);
-    case 4: return run_bf16<4>(s, q, k, v, out, threads);
-    case 5: return run_bf16<5>(s, q, k, v, out, threads);
-    case 6: return run_bf16<6>(s, q, k, v, out, threads);
-    case 7: return run_bf16<7>(s, q, k, v, out, threads);
-    case 8: return run_bf16<8>(s, q, k, v, out, threads);
-    case 12: return run_bf16<12>(s, q, k, v, out, threads);
-    case 16: return run_bf16<16>(s, q, k, v, out, threads);
-    default: return 3;
-  }
+  return with_head_dim(d, [&](auto dv) { return run_bf16<decltype(dv)::value>(s, q, k, v, out, threads); });
 #else
   (void)q; (void)q_st; (void)q_sh; (void)k; (void)k_sh; (void)k_st; (void)v; (void)v_sh; (void)v_st;
   (void)out; (void)n; (void)hq; (void)hkv; (void)d; (void)start; (void)scale; (void)threads;

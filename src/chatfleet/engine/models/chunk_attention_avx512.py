@@ -35,6 +35,7 @@ no sliding window), D in HEAD_DIMS, unit stride along D. Built like the other CP
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -82,6 +83,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window:
             and available())
 
 
+@functools.cache  # asked per chunk and layer; the build's answer does not change
 def has_pair_dots() -> bool:
     """Whether bf16 chunks run with AVX512_BF16's pair dot products here (else widened to float32)."""
     lib = _LOADER.load()
@@ -98,7 +100,8 @@ def chunk_attention_avx512(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st
     lib = _LOADER.load()
     assert lib is not None
     if q.dtype == torch.bfloat16 and (has_pair_dots() if pair_dots is None else pair_dots):
-        return abi.run(lib.cf_chunk_attention_avx512_bf16, q, k.contiguous(), v.contiguous(), start, scale,
+        # V is read once, into key pairs, so only K gets the compact copy (below)
+        return abi.run(lib.cf_chunk_attention_avx512_bf16, q, k.contiguous(), v, start, scale,
                        "AVX-512 bf16 chunk attention kernel")
     # Keys and values as the engine passes them are views of wider rows (k: of the q|k heads, v: of
     # q|k|v), one 256-byte row every 2.5-3 KB: a compact copy (0.2 ms for 2,000 tokens) makes pass 1
