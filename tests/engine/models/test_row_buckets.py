@@ -50,7 +50,7 @@ def test_a_padded_step_gives_the_unpadded_hidden_states(monkeypatch, dtype, toke
 _EVERY_BUCKET_TWICE = """
 import sys, torch
 from chatfleet.engine.builtin_models.tiny import resolve_model
-from chatfleet.engine.models import row_buckets
+from chatfleet.engine.models import packed_gemv, row_buckets
 from chatfleet.engine.models.loader import load_model
 torch.set_num_threads(1)
 loaded = load_model(resolve_model("tiny"), dtype=sys.argv[1], kernels="onednn")
@@ -59,7 +59,7 @@ with torch.inference_mode():
     for rows in counts:
         loaded.model(torch.ones(rows, dtype=torch.long), torch.arange(rows))
     print("=== second pass", flush=True)
-    for rows in counts[:8]:
+    for rows in [c for c in counts if c > packed_gemv.MAX_ROWS][:8]:  # (fewer rows skip oneDNN)
         loaded.model(torch.ones(rows, dtype=torch.long), torch.arange(rows))
 """
 

@@ -14,6 +14,9 @@ product then ``silu_and_mul`` (row_ops.py).
 
 Only the packed bfloat16 halves are kept (no plain or fused copy: the MLP's weights are most of
 a model's), so ``forward`` there concatenates the two products, for callers that want gate_up.
+A decode step's few rows run the up half's product and the multiply in ``packed_gemv``'s kernel
+over the same packed bytes (the same bits as the post-op); the gate keeps oneDNN's swish, whose
+polynomial is oneDNN's own, so that a row's activation does not depend on the step's row count.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from chatfleet.engine.models import packed_gemv
 from chatfleet.engine.models.linear import Linear
 from chatfleet.engine.models.row_ops import silu_and_mul
 
@@ -33,6 +37,7 @@ class GateUpLinear(Linear):
         super().__init__(in_features, 2 * intermediate_size, bias=False)
         self.intermediate_size = intermediate_size
         self.packed_halves: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.halves_layout: packed_gemv.PackedLayout | None = None  # both halves', where few rows read them
 
     def pack(self) -> None:
         """bfloat16: reorder the gate and up halves for oneDNN apart and release the plain copy;
@@ -46,7 +51,11 @@ class GateUpLinear(Linear):
         w = self.weight.detach()
         i = self.intermediate_size
         reorder = torch.ops.mkldnn._reorder_linear_weight
-        self.packed_halves = (reorder(w[:i].contiguous(), None), reorder(w[i:].contiguous(), None))
+        gate, up = w[:i].contiguous(), w[i:].contiguous()
+        self.packed_halves = (reorder(gate, None), reorder(up, None))
+        layouts = (packed_gemv.packed_layout(self.packed_halves[0], gate),
+                   packed_gemv.packed_layout(self.packed_halves[1], up))
+        self.halves_layout = layouts[0] if layouts[0] == layouts[1] else None
         del self._parameters["weight"]
         self.weight = None
 
@@ -68,5 +77,9 @@ def swiglu(gate_up: nn.Module, x: torch.Tensor, intermediate_size: int) -> torch
     if halves is None:
         return silu_and_mul(gate_up(x), intermediate_size)
     gate, up = halves
+    layout = gate_up.halves_layout if isinstance(gate_up, GateUpLinear) else None
     activated = torch.ops.mkldnn._linear_pointwise.default(x, gate, None, "swish", [], "")
+    if packed_gemv.runs(x, layout):  # decode rows: the up half and the product in the C++ kernel
+        assert layout is not None
+        return packed_gemv.packed_linear(x, up, layout, mul=activated)
     return torch.ops.mkldnn._linear_pointwise.binary(x, activated, up, None, "mul")

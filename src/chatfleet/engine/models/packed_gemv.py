@@ -1,0 +1,163 @@
+"""Linears of a few rows (decode steps) in one small C++ kernel (``packed_gemv_cpu.cpp``) that reads
+oneDNN's own prepacked weight: no second copy of any weight.
+
+Why hand-written: at one row a linear only has to stream its weight once, but oneDNN's prepacked
+product (``mkldnn::_linear_pointwise``) reached 10-15 GB/s on ``small``'s weights where one thread
+reads ~24 GB/s (AMD EPYC Zen 4, bf16, one thread, a decode step's 33 products in layer order:
+4.2 ms where the bytes take ~2.3), and ~93% of a one-stream bf16 decode step was those calls.
+The kernel walks each block of outputs as one sequential stream with every row's sums in
+registers.
+
+The layout. ``torch.ops.mkldnn._reorder_linear_weight`` of an [N, K] weight, on the CPUs measured
+(AVX-512, float32 and bfloat16), is ceil(N / 64) blocks of 64 outputs, each holding, for every k
+step up to K rounded up (to 32 in bf16, 16 in float32), the 64 outputs' weights, bf16 as (k, k+1)
+pairs: the operand layout of vdpbf16ps. oneDNN picks its format per CPU and version, so nothing
+here assumes it: ``packed_layout`` reads the packed bytes (``torch.ops.mkldnn.data_ptr``) and
+compares them with that layout built from the plain weight, for block widths 64, 32 and 16; only a
+weight that matches byte for byte takes the kernel, any other stays with oneDNN at every row count.
+
+Rows: up to ``MAX_ROWS`` (decode batches; 4 rows' sums at a time, more rows re-read the block from
+cache), above it oneDNN's blocked GEMM. Sums are float32 in k order (bf16 pairs as vdpbf16ps sums
+them where the CPU has AVX512_BF16, else widened and fused-multiply-added), the bias added, the
+output rounded once; the sums are the ones oneDNN's own product gives these rows (checked: equal
+bits on ``tiny``'s and ``small``'s shapes), so a row's result does not depend on how many rows the
+step has. A bf16 MLP's up half takes a factor, its activated gate, as oneDNN's binary ``mul``
+post-op does (``swiglu.py``); the gate, whose swish is oneDNN's own polynomial, stays in oneDNN.
+
+Built like the other CPU kernels (``cpu_kernel_build``): system compiler at first use, cached by
+source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW, DQ).
+``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from chatfleet.engine.models.cpu_kernel_build import KernelLoader
+from chatfleet.engine.models.dtype import cpu_flags
+
+SOURCE = Path(__file__).with_name("packed_gemv_cpu.cpp")
+FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17")
+LINK_FLAGS = ("-shared", "-fopenmp")
+DTYPES = (torch.float32, torch.bfloat16)
+BLOCK_WIDTHS = (64, 32, 16)  # outputs per packed block, the widths the kernel has code for
+MAX_ROWS = 8
+
+
+def cpu_has_avx512() -> bool:
+    """Whether this CPU's flags name what the kernel's vectors need (AVX-512 F, BW, DQ)."""
+    flags = cpu_flags()
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512dq"))
+
+
+def _bind(lib: ctypes.CDLL) -> str | None:
+    i64, ptr, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.cf_packed_linear.restype = cint
+    lib.cf_packed_linear.argtypes = (ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, cint, cint)
+    return None
+
+
+_LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "packed-weight decode linear kernel",
+                       "every linear runs in oneDNN", _bind, needs=cpu_has_avx512)
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded here (builds it on first call)."""
+    return _LOADER.available()
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where a prepacked [n, k] weight's values lie: blocks of ``block_n`` outputs, each
+    ``k_padded`` k steps long, bf16 as (k, k+1) pairs."""
+
+    n: int
+    k: int
+    k_padded: int
+    block_n: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.block_n not in BLOCK_WIDTHS or self.k_padded < self.k or self.n <= 0 or self.k <= 0:
+            raise ValueError(f"not a packed layout the kernel reads: {self}")
+        if self.dtype not in DTYPES or (self.dtype == torch.bfloat16 and self.k_padded % 2):
+            raise ValueError(f"not a packed layout the kernel reads: {self}")
+
+    @property
+    def values(self) -> int:
+        """Values the packed buffer holds (padding included)."""
+        return -(-self.n // self.block_n) * self.block_n * self.k_padded
+
+
+def lay_out(weight: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+    """``weight`` [n, k] in ``layout``'s order, flat (the kernel's reading of the packed bytes)."""
+    pair = 2 if layout.dtype == torch.bfloat16 else 1
+    blocks = -(-layout.n // layout.block_n)
+    padded = weight.new_zeros(blocks * layout.block_n, layout.k_padded)
+    padded[: layout.n, : layout.k] = weight
+    grouped = padded.view(blocks, layout.block_n, layout.k_padded // pair, pair)
+    return grouped.permute(0, 2, 1, 3).contiguous().view(-1)
+
+
+def packed_bytes(packed: torch.Tensor) -> torch.Tensor:
+    """A oneDNN-packed tensor's buffer, viewed (not copied) as flat values of its dtype."""
+    nbytes = int(torch.ops.mkldnn._nbytes(packed))
+    buf = (ctypes.c_char * nbytes).from_address(int(torch.ops.mkldnn.data_ptr(packed)))
+    return torch.frombuffer(buf, dtype=packed.dtype)
+
+
+def packed_layout(packed: torch.Tensor, weight: torch.Tensor) -> PackedLayout | None:
+    """The layout of ``packed`` (``_reorder_linear_weight(weight)``) if it is one the kernel reads
+    and the packed values equal ``weight`` laid out so, byte for byte; else None."""
+    if (not packed.is_mkldnn or weight.dtype not in DTYPES or packed.dtype != weight.dtype or weight.dim() != 2
+            or not cpu_has_avx512()):
+        return None
+    n, k = weight.shape
+    raw = packed_bytes(packed)
+    for block_n in BLOCK_WIDTHS:
+        rows = -(-n // block_n) * block_n
+        if raw.numel() % rows:
+            continue
+        try:
+            layout = PackedLayout(n, k, raw.numel() // rows, block_n, weight.dtype)
+        except ValueError:
+            continue
+        expected = lay_out(weight.detach(), layout)
+        if torch.equal(expected.view(torch.int16 if weight.dtype == torch.bfloat16 else torch.int32),
+                       raw.view(torch.int16 if weight.dtype == torch.bfloat16 else torch.int32)):
+            return layout
+    return None
+
+
+def runs(x: torch.Tensor, layout: PackedLayout | None) -> bool:
+    """Whether ``x`` [rows, k] takes the kernel with a weight of ``layout``."""
+    return (layout is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == layout.dtype
+            and x.device.type == "cpu" and x.stride(-1) == 1 and not x.requires_grad and _LOADER.load() is not None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, layout: PackedLayout, bias: torch.Tensor | None = None,
+                  mul: torch.Tensor | None = None) -> torch.Tensor:
+    """``(x W^T + bias) * mul`` (bias and mul optional) for x [rows, k] (``runs(x, layout)``), W as
+    ``packed`` holds it and mul [rows, n] of x's dtype, rows contiguous (SwiGLU's activated gate)."""
+    lib = _LOADER.load()
+    assert lib is not None
+    rows = x.shape[0]
+    out = x.new_empty(rows, layout.n)
+    if bias is not None:
+        bias = bias.detach().to(layout.dtype).contiguous()
+    if mul is not None and (mul.shape != (rows, layout.n) or mul.dtype != layout.dtype or mul.stride(-1) != 1):
+        raise ValueError(f"mul must be [{rows}, {layout.n}] {layout.dtype} with contiguous rows, got "
+                         f"{tuple(mul.shape)} {mul.dtype}")
+    rc = lib.cf_packed_linear(x.data_ptr(), rows, x.stride(0), torch.ops.mkldnn.data_ptr(packed), layout.n,
+                              layout.k, layout.k_padded, layout.block_n,
+                              bias.data_ptr() if bias is not None else None,
+                              mul.data_ptr() if mul is not None else None, mul.stride(0) if mul is not None else 0,
+                              out.data_ptr(), out.stride(0), int(layout.dtype == torch.bfloat16),
+                              torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"packed linear C++ kernel refused the shapes (code {rc})")
+    return out
