@@ -42,13 +42,13 @@ def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(768, 512), (512, 1536), (100, 73), (7, 5), (64, 16), (130, 200), (8192, 64)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13])
 def test_the_kernel_matches_float64_products(dtype, n, k, rows):
     w = _weight(n, k, dtype, n * k)
     x = _weight(rows, k, dtype, rows + k) * 10
     packed, layout = _packed(w)
     assert (layout.n, layout.k) == (n, k) and layout.k_padded >= k
-    assert m.runs(x, layout)
+    assert m.runs(x, layout) == (rows <= m.MAX_ROWS)  # (the kernel itself takes any number)
     got = m.packed_linear(x, packed, layout)
     assert got.dtype == dtype and got.shape == (rows, n)
     ref = x.double() @ w.double().T
@@ -80,6 +80,17 @@ def test_a_weight_that_does_not_match_its_packed_bytes_is_refused():
     assert m.packed_layout(packed, other) is None
     assert m.packed_layout(packed, w.T.contiguous()) is None  # another shape
     assert m.packed_layout(packed, w.to(torch.float64)) is None  # another dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_check_compares_a_large_weight_a_slice_at_a_time(dtype):
+    w = _weight(200, 72, dtype, 12)
+    packed, layout = _packed(w)
+    raw = m.packed_bytes(packed)
+    assert m._matches(raw, w, layout, rows_at_once=64)  # four slices, the last one partial
+    other = w.clone()
+    other[199, 71] = 3.0  # the last slice's last value
+    assert not m._matches(raw, other, layout, rows_at_once=64)
 
 
 def test_rows_above_the_bound_and_other_inputs_stay_with_onednn():

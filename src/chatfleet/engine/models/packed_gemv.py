@@ -126,11 +126,24 @@ def packed_layout(packed: torch.Tensor, weight: torch.Tensor) -> PackedLayout | 
             layout = PackedLayout(n, k, raw.numel() // rows, block_n, weight.dtype)
         except ValueError:
             continue
-        expected = lay_out(weight.detach(), layout)
-        if torch.equal(expected.view(torch.int16 if weight.dtype == torch.bfloat16 else torch.int32),
-                       raw.view(torch.int16 if weight.dtype == torch.bfloat16 else torch.int32)):
+        if _matches(raw, weight.detach(), layout):
             return layout
     return None
+
+
+def _matches(raw: torch.Tensor, weight: torch.Tensor, layout: PackedLayout, rows_at_once: int = 1024) -> bool:
+    """Whether ``raw`` holds ``weight`` in ``layout``, bit for bit (compared ``rows_at_once`` output
+    rows at a time, so that a large weight, e.g. an LM head, needs no full second copy)."""
+    bits = torch.int16 if layout.dtype == torch.bfloat16 else torch.int32
+    step = max(1, rows_at_once // layout.block_n) * layout.block_n
+    for first in range(0, layout.n, step):
+        part = weight[first : first + step]
+        sub = PackedLayout(part.shape[0], layout.k, layout.k_padded, layout.block_n, layout.dtype)
+        want = lay_out(part, sub)
+        got = raw[first * layout.k_padded : first * layout.k_padded + want.numel()]
+        if not torch.equal(want.view(bits), got.view(bits)):
+            return False
+    return True
 
 
 def runs(x: torch.Tensor, layout: PackedLayout | None) -> bool:

@@ -29,12 +29,14 @@ inline __m512i pair_of(const uint16_t* x, int64_t kp, int64_t k) {  // x[2kp], x
 }
 
 // acc[r][v] += the block's k pair kp times row r's pair, for V vectors of 16 outputs.
-template <int R, int V>
+template <int R, int V, bool WHOLE>
 inline void bf16_step(__m512 (&acc)[R][V], const uint16_t* wk, const uint16_t* const* xs, int64_t kp, int64_t k) {
   __m512i w[V];
   for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
   for (int r = 0; r < R; ++r) {
-    const __m512i xp = pair_of(xs[r], kp, k);
+    int32_t both;
+    if constexpr (WHOLE) std::memcpy(&both, xs[r] + 2 * kp, sizeof both);
+    const __m512i xp = WHOLE ? _mm512_set1_epi32(both) : pair_of(xs[r], kp, k);
 #if defined(__AVX512BF16__)
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)w[v], (__m512bh)xp);
 #else
@@ -78,12 +80,15 @@ inline void block_sums(__m512 (&acc)[R][V], const T* w, const T* const* xs, int6
 #endif
   constexpr int64_t AHEAD = CF_AHEAD_BYTES / sizeof(T) / LINE + 1;  // k steps ahead of the loads
   if constexpr (sizeof(T) == 2) {
-    const int64_t pairs = (k + 1) / 2;
-    for (int64_t kp = 0; kp < pairs; ++kp) {
+    const int64_t whole = k / 2;  // pairs whose both values are x's: broadcast from memory
+    for (int64_t kp = 0; kp < whole; ++kp) {
       prefetch_step<LINE * sizeof(T)>(w + (kp + AHEAD) * LINE);
-      bf16_step<R, V>(acc, reinterpret_cast<const uint16_t*>(w) + kp * LINE,
-                      reinterpret_cast<const uint16_t* const*>(xs), kp, k);
+      bf16_step<R, V, true>(acc, reinterpret_cast<const uint16_t*>(w) + kp * LINE,
+                            reinterpret_cast<const uint16_t* const*>(xs), kp, k);
     }
+    if (k % 2)  // the last value pairs with the padding's zero
+      bf16_step<R, V, false>(acc, reinterpret_cast<const uint16_t*>(w) + whole * LINE,
+                             reinterpret_cast<const uint16_t* const*>(xs), whole, k);
   } else {
     for (int64_t kk = 0; kk < k; ++kk) {
       prefetch_step<LINE * sizeof(T)>(w + (kk + AHEAD) * LINE);
