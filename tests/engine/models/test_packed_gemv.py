@@ -186,3 +186,14 @@ def test_the_factor_multiplies_after_the_bias():
     torch.testing.assert_close(got, (x @ w.T + b) * f, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         m.packed_linear(x, packed, layout, mul=f[:, :60])
+
+
+def test_without_the_buffer_accessors_every_weight_stays_with_onednn(monkeypatch):
+    w = _weight(64, 32, torch.float32, 13)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+    def missing(_packed):
+        raise AttributeError("torch.ops.mkldnn has no data_ptr here")
+
+    monkeypatch.setattr(m, "packed_bytes", missing)
+    assert m.packed_layout(packed, w) is None

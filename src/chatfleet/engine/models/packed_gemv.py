@@ -3,7 +3,7 @@ oneDNN's own prepacked weight: no second copy of any weight.
 
 Why hand-written: at one row a linear only has to stream its weight once, but oneDNN's prepacked
 product (``mkldnn::_linear_pointwise``) reached 10-15 GB/s on ``small``'s weights where one thread
-reads ~24 GB/s (AMD EPYC Zen 4, bf16, one thread, a decode step's 33 products in layer order:
+reads 24-30 GB/s (AMD EPYC Zen 4, bf16, one thread, a decode step's 33 products in layer order:
 4.2 ms where the bytes take ~2.3), and ~93% of a one-stream bf16 decode step was those calls.
 The kernel walks each block of outputs as one sequential stream with every row's sums in
 registers.
@@ -20,9 +20,11 @@ Rows: up to ``MAX_ROWS`` (decode batches; 4 rows' sums at a time, more rows re-r
 cache), above it oneDNN's blocked GEMM. Sums are float32 in k order (bf16 pairs as vdpbf16ps sums
 them where the CPU has AVX512_BF16, else widened and fused-multiply-added), the bias added, the
 output rounded once; the sums are the ones oneDNN's own product gives these rows (checked: equal
-bits on ``tiny``'s and ``small``'s shapes), so a row's result does not depend on how many rows the
-step has. A bf16 MLP's up half takes a factor, its activated gate, as oneDNN's binary ``mul``
-post-op does (``swiglu.py``); the gate, whose swish is oneDNN's own polynomial, stays in oneDNN.
+bits on every ``tiny`` shape and on ``small``'s up to K = 512; at K = 1,536 oneDNN splits K and
+gives a row alone and among 40 rows different bits itself), so there a row's result does not
+depend on how many rows the step has. A bf16 MLP's up half takes a factor, its activated gate,
+as oneDNN's binary ``mul`` post-op does (``swiglu.py``); the gate, whose swish is oneDNN's own
+polynomial, stays in oneDNN.
 
 Built like the other CPU kernels (``cpu_kernel_build``): system compiler at first use, cached by
 source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW, DQ).
@@ -117,7 +119,10 @@ def packed_layout(packed: torch.Tensor, weight: torch.Tensor) -> PackedLayout | 
             or not cpu_has_avx512()):
         return None
     n, k = weight.shape
-    raw = packed_bytes(packed)
+    try:  # the buffer accessors torch keeps for AOTInductor's oneDNN weights
+        raw = packed_bytes(packed)
+    except (AttributeError, RuntimeError):
+        return None
     for block_n in BLOCK_WIDTHS:
         rows = -(-n // block_n) * block_n
         if raw.numel() % rows:
