@@ -27,7 +27,7 @@ as oneDNN's binary ``mul`` post-op does (``swiglu.py``); the gate, whose swish i
 polynomial, stays in oneDNN.
 
 Built like the other CPU kernels (``cpu_kernel_build``): system compiler at first use, cached by
-source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW, DQ).
+source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW).
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
 """
 
@@ -51,9 +51,10 @@ MAX_ROWS = 8
 
 
 def cpu_has_avx512() -> bool:
-    """Whether this CPU's flags name what the kernel's vectors need (AVX-512 F, BW, DQ)."""
+    """Whether this CPU's flags name what the kernel's vectors need (AVX-512 F, and BW for its
+    16-bit loads, stores and bf16 rounding)."""
     flags = cpu_flags()
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512dq"))
+    return all(f in flags for f in ("avx512f", "avx512bw"))
 
 
 def _bind(lib: ctypes.CDLL) -> str | None:

@@ -21,22 +21,24 @@
 namespace {
 
 constexpr int MAX_ROWS_AT_ONCE = 4;
+constexpr int64_t AHEAD_BYTES = 8192;  // software prefetch distance: one thread streams ~1.6x faster with it
 
-inline __m512i pair_of(const uint16_t* x, int64_t kp, int64_t k) {  // x[2kp], x[2kp+1] as one lane
-  uint32_t bits = x[2 * kp];
-  if (2 * kp + 1 < k) bits |= static_cast<uint32_t>(x[2 * kp + 1]) << 16;
-  return _mm512_set1_epi32(static_cast<int>(bits));
+// Row r's values 2kp and 2kp+1 as one 32-bit lane; the odd K's last pair (LAST) is x[2kp] and the
+// padding's zero.
+template <bool LAST>
+inline int32_t pair_at(const uint16_t* x, int64_t kp) {
+  int32_t both = x[2 * kp];
+  if constexpr (!LAST) std::memcpy(&both, x + 2 * kp, sizeof both);
+  return both;
 }
 
 // acc[r][v] += the block's k pair kp times row r's pair, for V vectors of 16 outputs.
-template <int R, int V, bool WHOLE>
-inline void bf16_step(__m512 (&acc)[R][V], const uint16_t* wk, const uint16_t* const* xs, int64_t kp, int64_t k) {
+template <int R, int V, bool LAST>
+inline void bf16_step(__m512 (&acc)[R][V], const uint16_t* wk, const uint16_t* const* xs, int64_t kp) {
   __m512i w[V];
   for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
   for (int r = 0; r < R; ++r) {
-    int32_t both;
-    if constexpr (WHOLE) std::memcpy(&both, xs[r] + 2 * kp, sizeof both);
-    const __m512i xp = WHOLE ? _mm512_set1_epi32(both) : pair_of(xs[r], kp, k);
+    const __m512i xp = _mm512_set1_epi32(pair_at<LAST>(xs[r], kp));
 #if defined(__AVX512BF16__)
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)w[v], (__m512bh)xp);
 #else
@@ -63,10 +65,7 @@ inline void f32_step(__m512 (&acc)[R][V], const float* wk, const float* const* x
 
 template <int64_t BYTES, typename T>
 inline void prefetch_step(const T* p) {  // every cache line of one k step
-#ifndef CF_PF_LINES
-#define CF_PF_LINES 64
-#endif
-  for (int64_t b = 0; b < BYTES; b += CF_PF_LINES) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
+  for (int64_t b = 0; b < BYTES; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
 }
 
 // The sums of R rows over one block (V * 16 outputs) of weight w (k_padded steps of P values).
@@ -75,20 +74,17 @@ inline void block_sums(__m512 (&acc)[R][V], const T* w, const T* const* xs, int6
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
   constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);  // values per k step
-  #ifndef CF_AHEAD_BYTES
-#define CF_AHEAD_BYTES 8192
-#endif
-  constexpr int64_t AHEAD = CF_AHEAD_BYTES / sizeof(T) / LINE + 1;  // k steps ahead of the loads
+  constexpr int64_t AHEAD = AHEAD_BYTES / sizeof(T) / LINE + 1;  // k steps ahead of the loads
   if constexpr (sizeof(T) == 2) {
     const int64_t whole = k / 2;  // pairs whose both values are x's: broadcast from memory
     for (int64_t kp = 0; kp < whole; ++kp) {
       prefetch_step<LINE * sizeof(T)>(w + (kp + AHEAD) * LINE);
-      bf16_step<R, V, true>(acc, reinterpret_cast<const uint16_t*>(w) + kp * LINE,
-                            reinterpret_cast<const uint16_t* const*>(xs), kp, k);
+      bf16_step<R, V, false>(acc, reinterpret_cast<const uint16_t*>(w) + kp * LINE,
+                             reinterpret_cast<const uint16_t* const*>(xs), kp);
     }
     if (k % 2)  // the last value pairs with the padding's zero
-      bf16_step<R, V, false>(acc, reinterpret_cast<const uint16_t*>(w) + whole * LINE,
-                             reinterpret_cast<const uint16_t* const*>(xs), whole, k);
+      bf16_step<R, V, true>(acc, reinterpret_cast<const uint16_t*>(w) + whole * LINE,
+                            reinterpret_cast<const uint16_t* const*>(xs), whole);
   } else {
     for (int64_t kk = 0; kk < k; ++kk) {
       prefetch_step<LINE * sizeof(T)>(w + (kk + AHEAD) * LINE);
