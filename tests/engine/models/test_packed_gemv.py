@@ -42,13 +42,13 @@ def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(768, 512), (512, 1536), (100, 73), (7, 5), (64, 16), (130, 200), (8192, 64)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 32, 33, 64])
 def test_the_kernel_matches_float64_products(dtype, n, k, rows):
     w = _weight(n, k, dtype, n * k)
     x = _weight(rows, k, dtype, rows + k) * 10
     packed, layout = _packed(w)
     assert (layout.n, layout.k) == (n, k) and layout.k_padded >= k
-    assert m.runs(x, layout) == (rows <= m.MAX_ROWS)  # (the kernel itself takes any number)
+    assert m.runs(x, layout) == (rows <= m.MAX_ROWS)  # (the kernel itself takes up to KERNEL_MAX_ROWS)
     got = m.packed_linear(x, packed, layout)
     assert got.dtype == dtype and got.shape == (rows, n)
     ref = x.double() @ w.double().T
@@ -136,7 +136,7 @@ def test_a_packed_linear_takes_the_kernel_for_decode_rows_only(dtype, monkeypatc
 
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="no native bf16 here")
 @pytest.mark.parametrize("intermediate,hidden", [(1536, 512), (100, 72), (64, 16)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 21])
 def test_swiglu_on_packed_halves_matches_float64_and_onednn(intermediate, hidden, rows):
     g = GateUpLinear(hidden, intermediate)
     with torch.no_grad():
@@ -147,7 +147,8 @@ def test_swiglu_on_packed_halves_matches_float64_and_onednn(intermediate, hidden
     assert g.halves_layout is not None
     x = _weight(rows, hidden, torch.bfloat16, rows) * 10
     got = swiglu(g, x, intermediate)
-    assert torch.equal(got, swiglu(g, torch.cat([x, x, x]), intermediate)[:rows])  # kernel or oneDNN: same bits
+    many = torch.cat([x] * (m.MAX_ROWS // rows + 1))  # more rows than the kernel takes: oneDNN
+    assert torch.equal(got, swiglu(g, many, intermediate)[:rows])  # kernel or oneDNN: same bits
     xd = x.double()
     gate, up = xd @ w[:intermediate].double().T, xd @ w[intermediate:].double().T
     ref = F.silu(gate) * up
@@ -174,8 +175,16 @@ def test_a_row_gets_the_same_bits_at_any_row_count(dtype):
         packed, layout = _packed(w)
         x = _weight(40, k, dtype, k) * 10
         whole = ONEDNN(x, packed, None, "none", [], "")
-        for rows in (1, 2, 5, m.MAX_ROWS):
+        for rows in (1, 2, 5, 13, m.MAX_ROWS):
             assert torch.equal(m.packed_linear(x[:rows], packed, layout), whole[:rows]), (n, k, rows)
+
+
+def test_the_kernel_refuses_more_rows_than_it_holds():
+    w = _weight(64, 32, torch.float32, 14)
+    packed, layout = _packed(w)
+    m.packed_linear(_weight(m.KERNEL_MAX_ROWS, 32, torch.float32, 15), packed, layout)
+    with pytest.raises(RuntimeError):
+        m.packed_linear(_weight(m.KERNEL_MAX_ROWS + 1, 32, torch.float32, 15), packed, layout)
 
 
 def test_the_factor_multiplies_after_the_bias():

@@ -47,7 +47,8 @@ FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenm
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 BLOCK_WIDTHS = (64, 32, 16)  # outputs per packed block, the widths the kernel has code for
-MAX_ROWS = 8
+MAX_ROWS = 32  # rows that take the kernel (more: oneDNN; measured faster up to 32 on Zen 4, see the docstring)
+KERNEL_MAX_ROWS = 64  # rows the kernel takes in one call (MAX_ROWS in packed_gemv_cpu.cpp)
 
 
 def cpu_has_avx512() -> bool:

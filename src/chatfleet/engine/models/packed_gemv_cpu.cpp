@@ -20,8 +20,19 @@
 
 namespace {
 
-constexpr int MAX_ROWS_AT_ONCE = 4;
+constexpr int MAX_ROWS_AT_ONCE = 4;  // rows whose sums share a pass over a chunk, in registers
+constexpr int64_t MAX_ROWS = 64;  // rows a call takes
+constexpr int64_t CHUNK_BYTES = 8192;  // of a block, streamed once and read from L1 by every group of rows
 constexpr int64_t AHEAD_BYTES = 8192;  // software prefetch distance: one thread streams ~1.6x faster with it
+
+// Keeps a loaded vector in a register: without it the compiler folds the load into every row's
+// multiply-add, reading each weight vector once per row, and the loads (not the multiplies) bound
+// the loop on Zen 4 (~2/3 of the multiply-add rate).
+template <typename Vec>
+inline Vec in_register(Vec v) {
+  asm("" : "+v"(v));
+  return v;
+}
 
 // Row r's values 2kp and 2kp+1 as one 32-bit lane; the odd K's last pair (LAST) is x[2kp] and the
 // padding's zero.
@@ -36,7 +47,9 @@ inline int32_t pair_at(const uint16_t* x, int64_t kp) {
 template <int R, int V, bool LAST>
 inline void bf16_step(__m512 (&acc)[R][V], const uint16_t* wk, const uint16_t* const* xs, int64_t kp) {
   __m512i w[V];
-  for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_si512(wk + 32 * v);
+  for (int v = 0; v < V; ++v) {
+    w[v] = in_register(_mm512_loadu_si512(wk + 32 * v));
+  }
   for (int r = 0; r < R; ++r) {
     const __m512i xp = _mm512_set1_epi32(pair_at<LAST>(xs[r], kp));
 #if defined(__AVX512BF16__)
@@ -56,7 +69,9 @@ inline void bf16_step(__m512 (&acc)[R][V], const uint16_t* wk, const uint16_t* c
 template <int R, int V>
 inline void f32_step(__m512 (&acc)[R][V], const float* wk, const float* const* xs, int64_t kk) {
   __m512 w[V];
-  for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_ps(wk + 16 * v);
+  for (int v = 0; v < V; ++v) {
+    w[v] = in_register(_mm512_loadu_ps(wk + 16 * v));
+  }
   for (int r = 0; r < R; ++r) {
     const __m512 x = _mm512_set1_ps(xs[r][kk]);
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(w[v], x, acc[r][v]);
@@ -68,30 +83,92 @@ inline void prefetch_step(const T* p) {  // every cache line of one k step
   for (int64_t b = 0; b < BYTES; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
 }
 
-// The sums of R rows over one block (V * 16 outputs) of weight w (k_padded steps of P values).
-template <int R, int V, typename T>
-inline void block_sums(__m512 (&acc)[R][V], const T* w, const T* const* xs, int64_t k) {
+// Prefetches one group's share of the next chunk: lines first, first + stride, ... below `end`
+// (in cache lines from `base`), `per_step` of them a step.
+struct ChunkPrefetch {
+  const char* base = nullptr;
+  int64_t line = 0, stride = 1, end = 0;
+  int per_step = 0;
+  inline void step() {
+    for (int i = 0; i < per_step && line < end; ++i, line += stride) _mm_prefetch(base + line * 64, _MM_HINT_T1);
+  }
+};
+
+// Steps s0 .. s1 - 1 of one block (a step: one k value in float32, one k pair in bf16, LINE values
+// of the block) into R rows' sums. PF: also prefetch the lines AHEAD steps on (one group of rows);
+// else `pf`'s share of the next chunk. LAST: the odd K's final bf16 pair.
+template <int R, int V, typename T, bool PF, bool LAST = false>
+inline void run_steps(__m512 (&acc)[R][V], const T* w, const T* const* xs, int64_t s0, int64_t s1,
+                      ChunkPrefetch& pf) {
+  constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);  // values per step
+  constexpr int64_t AHEAD = AHEAD_BYTES / sizeof(T) / LINE + 1;  // steps ahead of the loads
+  for (int64_t s = s0; s < s1; ++s) {
+    if constexpr (PF) prefetch_step<LINE * sizeof(T)>(w + (s + AHEAD) * LINE);
+    else pf.step();
+    if constexpr (sizeof(T) == 2)
+      bf16_step<R, V, LAST>(acc, reinterpret_cast<const uint16_t*>(w) + s * LINE,
+                            reinterpret_cast<const uint16_t* const*>(xs), s);
+    else
+      f32_step<R, V>(acc, reinterpret_cast<const float*>(w) + s * LINE, reinterpret_cast<const float* const*>(xs), s);
+  }
+}
+
+// One group of R (<= 4) rows over steps s0 .. s1 - 1: its sums start at zero (s0 = 0) or where the
+// previous chunk left them in `sums`, and go back there.
+template <int R, int V, typename T, bool LAST = false>
+inline void group_steps(__m512 (*sums)[V], const T* w, const T* const* xs, int64_t s0, int64_t s1, bool one_group,
+                        ChunkPrefetch& pf) {
+  __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);  // values per k step
-  constexpr int64_t AHEAD = AHEAD_BYTES / sizeof(T) / LINE + 1;  // k steps ahead of the loads
-  if constexpr (sizeof(T) == 2) {
-    const int64_t whole = k / 2;  // pairs whose both values are x's: broadcast from memory
-    for (int64_t kp = 0; kp < whole; ++kp) {
-      prefetch_step<LINE * sizeof(T)>(w + (kp + AHEAD) * LINE);
-      bf16_step<R, V, false>(acc, reinterpret_cast<const uint16_t*>(w) + kp * LINE,
-                             reinterpret_cast<const uint16_t* const*>(xs), kp);
-    }
-    if (k % 2)  // the last value pairs with the padding's zero
-      bf16_step<R, V, true>(acc, reinterpret_cast<const uint16_t*>(w) + whole * LINE,
-                            reinterpret_cast<const uint16_t* const*>(xs), whole);
-  } else {
-    for (int64_t kk = 0; kk < k; ++kk) {
-      prefetch_step<LINE * sizeof(T)>(w + (kk + AHEAD) * LINE);
-      f32_step<R, V>(acc, reinterpret_cast<const float*>(w) + kk * LINE, reinterpret_cast<const float* const*>(xs),
-                     kk);
+    for (int v = 0; v < V; ++v) acc[r][v] = s0 == 0 && !LAST ? _mm512_setzero_ps() : sums[r][v];
+  if (one_group) run_steps<R, V, T, true, LAST>(acc, w, xs, s0, s1, pf);
+  else run_steps<R, V, T, false, LAST>(acc, w, xs, s0, s1, pf);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) sums[r][v] = acc[r][v];
+}
+
+template <int V, typename T, bool LAST = false>
+inline void group_dispatch(int rr, __m512 (*sums)[V], const T* w, const T* const* xs, int64_t s0, int64_t s1,
+                           bool one_group, ChunkPrefetch& pf) {
+  switch (rr) {  // R is a template argument so that the sums stay in registers
+    case 1: group_steps<1, V, T, LAST>(sums, w, xs, s0, s1, one_group, pf); break;
+    case 2: group_steps<2, V, T, LAST>(sums, w, xs, s0, s1, one_group, pf); break;
+    case 3: group_steps<3, V, T, LAST>(sums, w, xs, s0, s1, one_group, pf); break;
+    default: group_steps<4, V, T, LAST>(sums, w, xs, s0, s1, one_group, pf); break;
+  }
+}
+
+// The sums of `rows` rows over one block (V * 16 outputs) of weight w (k values, k_padded steps
+// of P values), in chunks of CHUNK_BYTES of the block: each chunk is streamed from memory once, by
+// the first group of 4 rows, and read again from L1 by the others, so any number of rows costs
+// one pass over the weight. Every sum runs in k order, as with one group.
+template <int V, typename T>
+inline void block_sums(__m512 (*sums)[V], const T* w, const T* const* xs, int rows, int64_t k) {
+  constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);
+  constexpr int64_t CHUNK = CHUNK_BYTES / sizeof(T) / LINE;  // steps a chunk
+  constexpr int64_t LINES_A_STEP = LINE * sizeof(T) / 64;
+  const int64_t steps = sizeof(T) == 2 ? k / 2 : k;  // whole steps (bf16: pairs whose both values are x's)
+  const int groups = (rows + MAX_ROWS_AT_ONCE - 1) / MAX_ROWS_AT_ONCE;
+  const bool one_group = groups <= 1;
+  const int64_t chunk = one_group ? std::max<int64_t>(steps, 1) : CHUNK;
+  ChunkPrefetch pf;
+  for (int64_t c0 = 0; c0 < steps; c0 += chunk) {
+    const int64_t c1 = std::min(steps, c0 + chunk);
+    for (int g = 0; g < groups; ++g) {
+      const int r0 = g * MAX_ROWS_AT_ONCE;
+      if (!one_group)  // group g fetches every groups-th line of the next chunk (the bytes after this one's start)
+        pf = ChunkPrefetch{reinterpret_cast<const char*>(w + (c0 + CHUNK) * LINE), g, groups, CHUNK_BYTES / 64,
+                           static_cast<int>((LINES_A_STEP + groups - 1) / groups)};
+      group_dispatch<V, T>(std::min(MAX_ROWS_AT_ONCE, rows - r0), sums + r0, w, xs + r0, c0, c1, one_group, pf);
     }
   }
+  if (steps == 0)
+    for (int r = 0; r < rows; ++r)
+      for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_ps();
+  if (sizeof(T) == 2 && k % 2)  // the last value pairs with the padding's zero
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS_AT_ONCE)
+      group_dispatch<V, T, true>(std::min(MAX_ROWS_AT_ONCE, rows - r0), sums + r0, w, xs + r0, steps, steps + 1,
+                                 false, pf);
 }
 
 inline __mmask16 lanes_below(int64_t n_left) {
@@ -112,31 +189,22 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
                    const T* bias, const T* mul, int64_t mul_stride, T* out, int64_t out_stride, int threads) {
   constexpr int64_t BN = 16 * V;
   const int64_t blocks = (n + BN - 1) / BN;
+  const T* xs[MAX_ROWS];
+  for (int64_t r = 0; r < rows; ++r) xs[r] = x + r * x_stride;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && blocks > 1) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const T* wb = w + b * k_padded * BN;
-    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS_AT_ONCE) {
-      const T* xs[MAX_ROWS_AT_ONCE];
-      const int rr = static_cast<int>(std::min<int64_t>(MAX_ROWS_AT_ONCE, rows - r0));
-      for (int r = 0; r < MAX_ROWS_AT_ONCE; ++r) xs[r] = x + (r0 + std::min(r, rr - 1)) * x_stride;
-      __m512 acc[MAX_ROWS_AT_ONCE][V];
-      switch (rr) {  // R is a template argument so that the sums stay in registers
-        case 1: block_sums<1, V>(reinterpret_cast<__m512(&)[1][V]>(acc), wb, xs, k); break;
-        case 2: block_sums<2, V>(reinterpret_cast<__m512(&)[2][V]>(acc), wb, xs, k); break;
-        case 3: block_sums<3, V>(reinterpret_cast<__m512(&)[3][V]>(acc), wb, xs, k); break;
-        default: block_sums<4, V>(acc, wb, xs, k); break;
-      }
-      for (int r = 0; r < rr; ++r) {
-        T* o = out + (r0 + r) * out_stride + b * BN;
-        for (int v = 0; v < V; ++v) {
-          const int64_t first = b * BN + 16 * v;
-          const __mmask16 m = lanes_below(n - first);
-          if (!m) break;
-          __m512 y = acc[r][v];
-          if (bias) y = _mm512_add_ps(y, load_row(bias + first, m));
-          if (mul) y = _mm512_mul_ps(y, load_row(mul + (r0 + r) * mul_stride + first, m));
-          store(o + 16 * v, y, m);
-        }
+    __m512 sums[MAX_ROWS][V];
+    block_sums<V>(sums, w + b * k_padded * BN, xs, static_cast<int>(rows), k);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* o = out + r * out_stride + b * BN;
+      for (int v = 0; v < V; ++v) {
+        const int64_t first = b * BN + 16 * v;
+        const __mmask16 m = lanes_below(n - first);
+        if (!m) break;
+        __m512 y = sums[r][v];
+        if (bias) y = _mm512_add_ps(y, load_row(bias + first, m));
+        if (mul) y = _mm512_mul_ps(y, load_row(mul + r * mul_stride + first, m));
+        store(o + 16 * v, y, m);
       }
     }
   }
@@ -167,7 +235,7 @@ extern "C" {
 int cf_packed_linear(const void* x, int64_t rows, int64_t x_stride, const void* w, int64_t n, int64_t k,
                      int64_t k_padded, int64_t block_n, const void* bias, const void* mul, int64_t mul_stride,
                      void* out, int64_t out_stride, int is_bf16, int threads) {
-  if (rows < 0 || n <= 0 || k <= 0 || k_padded < k || x_stride < k || out_stride < n || (mul && mul_stride < n))
+  if (rows < 0 || rows > MAX_ROWS || n <= 0 || k <= 0 || k_padded < k || x_stride < k || out_stride < n || (mul && mul_stride < n))
     return 1;
   if (is_bf16)
     return linear_dispatch(static_cast<const uint16_t*>(x), rows, x_stride, static_cast<const uint16_t*>(w), n, k,
