@@ -187,6 +187,19 @@ def test_the_kernel_refuses_more_rows_than_it_holds():
         m.packed_linear(_weight(m.KERNEL_MAX_ROWS + 1, 32, torch.float32, 15), packed, layout)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0, 1000.0])  # 1000: exp(-|x|) underflows below ln(FLT_MIN)
+def test_the_swish_has_the_bits_of_onednns_post_op(dtype, scale):
+    for n, k in ((1536, 512), (100, 73)):
+        w = _weight(n, k, dtype, n + 3)
+        packed, layout = _packed(w)
+        x = _weight(m.MAX_ROWS, k, dtype, k + 5) * scale
+        x[0, :] = 0.0  # sums of exactly zero (-0 and +0 alike)
+        theirs = ONEDNN(x, packed, None, "swish", [], "")
+        for rows in (1, 3, m.MAX_ROWS):
+            assert torch.equal(m.packed_linear(x[:rows], packed, layout, swish=True), theirs[:rows]), (n, k, rows)
+
+
 def test_the_factor_multiplies_after_the_bias():
     w, b = _weight(70, 40, torch.float32, 8), _weight(1, 70, torch.float32, 9)[0]
     packed, layout = _packed(w)

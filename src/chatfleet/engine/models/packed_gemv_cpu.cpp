@@ -171,6 +171,38 @@ inline void block_sums(__m512 (*sums)[V], const T* w, const T* const* xs, int ro
                                  false, pf);
 }
 
+// x * sigmoid(x) with oneDNN's eltwise swish (alpha 1), operation for operation, so that the bits
+// are the ones its post-op gives the same sums (the gate of a bf16 MLP takes the kernel at decode
+// rows and oneDNN's post-op above them, and a row's activation must not depend on which):
+// sigmoid(x) from e = exp(-|x|) as e / (e + 1), or 1 minus that for x >= 0; exp(v) = 2 * 2^(n-1)
+// * p(r), n = floor(v log2(e) + 1/2), r = v - n ln 2 (fused), p oneDNN's degree-5 polynomial
+// (fused multiply-adds), 2^(n-1) zero below ln(FLT_MIN). The tests compare it with the post-op.
+inline __m512 onednn_swish(__m512 x) {
+  auto c = [](uint32_t bits) { return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(bits))); };
+  const __m512 one = c(0x3f800000), ln_flt_min = c(0xc2aeac50);
+  const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), sign_mask);
+  __m512 v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), sign_mask));  // -|x|
+  const __mmask16 underflow = _mm512_cmp_ps_mask(v, ln_flt_min, _CMP_LT_OS);
+  v = _mm512_max_ps(_mm512_min_ps(v, c(0x42b17218)), ln_flt_min);
+  __m512 n = _mm512_add_ps(_mm512_mul_ps(v, c(0x3fb8aa3b)), c(0x3f000000));
+  n = _mm512_roundscale_ps(n, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, c(0x3f317218), v);
+  __m512i two_n1 = _mm512_cvtps_epi32(_mm512_sub_ps(n, one));  // n - 1, exact
+  two_n1 = _mm512_slli_epi32(_mm512_add_epi32(two_n1, _mm512_set1_epi32(127)), 23);
+  two_n1 = _mm512_mask_blend_epi32(underflow, two_n1, _mm512_setzero_si512());
+  __m512 p = c(0x3c07cfce);
+  p = _mm512_fmadd_ps(p, r, c(0x3d2b9d0d));
+  p = _mm512_fmadd_ps(p, r, c(0x3e2aad40));
+  p = _mm512_fmadd_ps(p, r, c(0x3efffee3));
+  p = _mm512_fmadd_ps(p, r, c(0x3f7ffffb));
+  p = _mm512_fmadd_ps(p, r, one);
+  const __m512 e = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(two_n1)), c(0x40000000));
+  const __m512 below = _mm512_div_ps(e, _mm512_add_ps(e, one));  // sigmoid(-|x|)
+  const __m512 sigmoid = _mm512_mask_blend_ps(_mm512_test_epi32_mask(sign, sign), _mm512_sub_ps(one, below), below);
+  return _mm512_mul_ps(sigmoid, x);
+}
+
 inline __mmask16 lanes_below(int64_t n_left) {
   return n_left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(n_left, 0)) - 1);
 }
@@ -186,7 +218,8 @@ inline __m512 load_row(const uint16_t* b, __mmask16 m) {
 
 template <int V, typename T>
 void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64_t n, int64_t k, int64_t k_padded,
-                   const T* bias, const T* mul, int64_t mul_stride, T* out, int64_t out_stride, int threads) {
+                   const T* bias, bool swish, const T* mul, int64_t mul_stride, T* out, int64_t out_stride,
+                   int threads) {
   constexpr int64_t BN = 16 * V;
   const int64_t blocks = (n + BN - 1) / BN;
   const T* xs[MAX_ROWS];
@@ -203,6 +236,7 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
         if (!m) break;
         __m512 y = sums[r][v];
         if (bias) y = _mm512_add_ps(y, load_row(bias + first, m));
+        if (swish) y = onednn_swish(y);
         if (mul) y = _mm512_mul_ps(y, load_row(mul + r * mul_stride + first, m));
         store(o + 16 * v, y, m);
       }
@@ -212,14 +246,14 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
 
 template <typename T>
 int linear_dispatch(const T* x, int64_t rows, int64_t x_stride, const T* w, int64_t n, int64_t k, int64_t k_padded,
-                    int64_t block_n, const T* bias, const T* mul, int64_t mul_stride, T* out, int64_t out_stride,
-                    int threads) {
+                    int64_t block_n, const T* bias, bool swish, const T* mul, int64_t mul_stride, T* out,
+                    int64_t out_stride, int threads) {
   switch (block_n) {
-    case 16: linear_blocks<1>(x, rows, x_stride, w, n, k, k_padded, bias, mul, mul_stride, out, out_stride, threads);
+    case 16: linear_blocks<1>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
-    case 32: linear_blocks<2>(x, rows, x_stride, w, n, k, k_padded, bias, mul, mul_stride, out, out_stride, threads);
+    case 32: linear_blocks<2>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
-    case 64: linear_blocks<4>(x, rows, x_stride, w, n, k, k_padded, bias, mul, mul_stride, out, out_stride, threads);
+    case 64: linear_blocks<4>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
     default: return 2;
   }
@@ -229,20 +263,22 @@ int linear_dispatch(const T* x, int64_t rows, int64_t x_stride, const T* w, int6
 
 extern "C" {
 
-// out[rows, n] = (x[rows, k] W^T (+ bias)) (* mul[rows, n]), W as oneDNN packed it (blocks of
-// block_n outputs, each k_padded k steps long); bias and mul may be null. 0 on success; 1: bad
-// sizes; 2: a block width this file has no code for.
+// out[rows, n] = swish?(x[rows, k] W^T (+ bias)) (* mul[rows, n]), W as oneDNN packed it (blocks
+// of block_n outputs, each k_padded k steps long); bias and mul may be null, swish (oneDNN's) is
+// applied where nonzero. At most MAX_ROWS rows. 0 on success; 1: bad sizes; 2: a block width this
+// file has no code for.
 int cf_packed_linear(const void* x, int64_t rows, int64_t x_stride, const void* w, int64_t n, int64_t k,
-                     int64_t k_padded, int64_t block_n, const void* bias, const void* mul, int64_t mul_stride,
-                     void* out, int64_t out_stride, int is_bf16, int threads) {
+                     int64_t k_padded, int64_t block_n, const void* bias, int swish, const void* mul,
+                     int64_t mul_stride, void* out, int64_t out_stride, int is_bf16, int threads) {
   if (rows < 0 || rows > MAX_ROWS || n <= 0 || k <= 0 || k_padded < k || x_stride < k || out_stride < n || (mul && mul_stride < n))
     return 1;
   if (is_bf16)
     return linear_dispatch(static_cast<const uint16_t*>(x), rows, x_stride, static_cast<const uint16_t*>(w), n, k,
-                           k_padded, block_n, static_cast<const uint16_t*>(bias), static_cast<const uint16_t*>(mul),
+                           k_padded, block_n, static_cast<const uint16_t*>(bias), swish != 0,
+                           static_cast<const uint16_t*>(mul),
                            mul_stride, static_cast<uint16_t*>(out), out_stride, threads);
   return linear_dispatch(static_cast<const float*>(x), rows, x_stride, static_cast<const float*>(w), n, k, k_padded,
-                         block_n, static_cast<const float*>(bias), static_cast<const float*>(mul), mul_stride,
+                         block_n, static_cast<const float*>(bias), swish != 0, static_cast<const float*>(mul), mul_stride,
                          static_cast<float*>(out), out_stride, threads);
 }
 

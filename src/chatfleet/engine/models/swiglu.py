@@ -14,9 +14,11 @@ product then ``silu_and_mul`` (row_ops.py).
 
 Only the packed bfloat16 halves are kept (no plain or fused copy: the MLP's weights are most of
 a model's), so ``forward`` there concatenates the two products, for callers that want gate_up.
-A decode step's few rows run the up half's product and the multiply in ``packed_gemv``'s kernel
-over the same packed bytes (the same bits as the post-op); the gate keeps oneDNN's swish, whose
-polynomial is oneDNN's own, so that a row's activation does not depend on the step's row count.
+A decode step's few rows run both products, the swish and the multiply in ``packed_gemv``'s kernel
+over the same packed bytes: its swish is oneDNN's eltwise swish operation for operation (its exp
+polynomial, its sigmoid), so the bits are the post-ops' and a row's activation does not depend on
+the step's row count (a silu of our own differed in 2 of 12,288 values, enough to break the
+chunked-prefill greedy equivalence tests).
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def swiglu(gate_up: nn.Module, x: torch.Tensor, intermediate_size: int) -> torch
         return silu_and_mul(gate_up(x), intermediate_size)
     gate, up = halves
     layout = gate_up.halves_layout if isinstance(gate_up, GateUpLinear) else None
-    activated = torch.ops.mkldnn._linear_pointwise.default(x, gate, None, "swish", [], "")
-    if packed_gemv.runs(x, layout):  # decode rows: the up half and the product in the C++ kernel
+    if packed_gemv.runs(x, layout):  # decode rows: both halves, the swish and the product in the C++ kernel
         assert layout is not None
+        activated = packed_gemv.packed_linear(x, gate, layout, swish=True)
         return packed_gemv.packed_linear(x, up, layout, mul=activated)
+    activated = torch.ops.mkldnn._linear_pointwise.default(x, gate, None, "swish", [], "")
     return torch.ops.mkldnn._linear_pointwise.binary(x, activated, up, None, "mul")
