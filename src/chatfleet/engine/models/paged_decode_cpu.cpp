@@ -277,8 +277,9 @@ struct QueryRow {
 // compile-time: the scores of 16 keys at a time (each key row dotted with each query head into a
 // vector of partial sums, the block's 16 vectors summed across lanes by sum16), softmax in
 // float32, then the weighted sum of V rows widened to float32 (the weights stay float32). Blocks
-// are walked as in for_each_row: in place, the block two ahead prefetched one row's lines per
-// row read. About 1.2x-1.3x faster than attend_one, whose per-score horizontal sums bound it.
+// are walked in place, the block two ahead prefetched one row's lines per row read where it does
+// not continue a run in memory (prefetch_target). About 1.2x-1.3x faster than attend_one, whose
+// per-score horizontal sums bound it.
 //
 // An FP8 cache (C = uint8_t): each run of 16 key rows is first widened exactly into a small
 // buffer of the query's type (then dotted as a cache of that type would be; half the bytes read
@@ -299,14 +300,23 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
   for (int g = 0; g < G; ++g) qr[g].load(q + g * D);
   const __m512 sc = _mm512_set1_ps(scale);
   auto block_at = [&](const C* cache, int64_t bi) { return cache + (head_offset + table[bi] * block_size) * D; };
+  // The block two ahead, into L2, unless it and the block before it continue a run of blocks in
+  // memory (the hardware prefetcher streams on into it then; a software prefetch there only competes
+  // with it). Into L1 (T0) the prefetches held the L1's few miss buffers and a thread read 10-13
+  // GB/s. Zen 4, one thread, b32 x 530 tokens x 8 layers, against always T0: 0.72x-0.75x the time with
+  // blocks in order or scattered, 0.82x-0.89x in runs of 8 blocks, both dtypes.
+  auto prefetch_target = [&](const C* cache, int64_t bi) -> const char* {
+    if (bi + 2 >= nblk || (table[bi + 2] == table[bi + 1] + 1 && table[bi + 1] == table[bi] + 1)) return nullptr;
+    return reinterpret_cast<const char*>(block_at(cache, bi + 2));
+  };
   alignas(64) T widened[kFp8 ? 16 * D : 1];
   auto prefetch_row = [&](const char* ahead, int r) {
-    for (int64_t off = 0; off < kRowBytes; off += 64) _mm_prefetch(ahead + r * kRowBytes + off, _MM_HINT_T0);
+    for (int64_t off = 0; off < kRowBytes; off += 64) _mm_prefetch(ahead + r * kRowBytes + off, _MM_HINT_T1);
   };
   for (int64_t bi = 0; bi < nblk; ++bi) {
     const int64_t t0 = bi * block_size;
     const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
-    const char* ahead = bi + 2 < nblk ? reinterpret_cast<const char*>(block_at(key, bi + 2)) : nullptr;
+    const char* ahead = prefetch_target(key, bi);
     const C* blk = block_at(key, bi);
     for (int r0 = 0; r0 < n; r0 += 16) {  // 16 keys at a time
       const int m = n - r0 < 16 ? n - r0 : 16;
@@ -346,7 +356,7 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
   for (int64_t bi = 0; bi < nblk; ++bi) {
     const int64_t t0 = bi * block_size;
     const int n = static_cast<int>(ctx - t0 < block_size ? ctx - t0 : block_size);
-    const char* ahead = bi + 2 < nblk ? reinterpret_cast<const char*>(block_at(value, bi + 2)) : nullptr;
+    const char* ahead = prefetch_target(value, bi);
     const C* blk = block_at(value, bi);
     for (int r = 0; r < n; ++r) {
       if (ahead) prefetch_row(ahead, r);
