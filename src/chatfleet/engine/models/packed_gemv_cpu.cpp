@@ -7,9 +7,11 @@
 // w[b][kp][n][p] = W[b * BN + n][kp * P + p], zeros in the padding. One block is one sequential
 // stream: every row's BN sums are kept in registers while it is read (bf16 pairs through
 // vdpbf16ps where the CPU has AVX512_BF16, else widened and fused-multiply-added), four rows at a
-// time; more rows re-read the block from cache. Sums are float32 in k order; the output is
-// rounded once, after the bias is added and, if given, the product with a same-shaped factor
-// (SwiGLU's up half times the activated gate, as oneDNN's binary mul post-op does).
+// time; with more rows the block goes by in chunks of CHUNK_BYTES that each group of four rows
+// reads in turn, so it is read from memory once. Sums are float32 in k order; the output is
+// rounded once, after the bias is added, oneDNN's swish applied if asked (SwiGLU's gate) and, if
+// given, the product with a same-shaped factor taken (SwiGLU's up half times the activated gate,
+// as oneDNN's binary mul post-op does).
 #include <immintrin.h>
 
 #include <algorithm>
