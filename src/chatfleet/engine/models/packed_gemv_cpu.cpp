@@ -251,11 +251,14 @@ int linear_dispatch(const T* x, int64_t rows, int64_t x_stride, const T* w, int6
                     int64_t block_n, const T* bias, bool swish, const T* mul, int64_t mul_stride, T* out,
                     int64_t out_stride, int threads) {
   switch (block_n) {
-    case 16: linear_blocks<1>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
+    case 16:
+      linear_blocks<1>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
-    case 32: linear_blocks<2>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
+    case 32:
+      linear_blocks<2>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
-    case 64: linear_blocks<4>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
+    case 64:
+      linear_blocks<4>(x, rows, x_stride, w, n, k, k_padded, bias, swish, mul, mul_stride, out, out_stride, threads);
       return 0;
     default: return 2;
   }
@@ -272,16 +275,17 @@ extern "C" {
 int cf_packed_linear(const void* x, int64_t rows, int64_t x_stride, const void* w, int64_t n, int64_t k,
                      int64_t k_padded, int64_t block_n, const void* bias, int swish, const void* mul,
                      int64_t mul_stride, void* out, int64_t out_stride, int is_bf16, int threads) {
-  if (rows < 0 || rows > MAX_ROWS || n <= 0 || k <= 0 || k_padded < k || x_stride < k || out_stride < n || (mul && mul_stride < n))
+  if (rows < 0 || rows > MAX_ROWS || n <= 0 || k <= 0 || k_padded < k || x_stride < k || out_stride < n ||
+      (mul && mul_stride < n))
     return 1;
   if (is_bf16)
     return linear_dispatch(static_cast<const uint16_t*>(x), rows, x_stride, static_cast<const uint16_t*>(w), n, k,
                            k_padded, block_n, static_cast<const uint16_t*>(bias), swish != 0,
-                           static_cast<const uint16_t*>(mul),
-                           mul_stride, static_cast<uint16_t*>(out), out_stride, threads);
+                           static_cast<const uint16_t*>(mul), mul_stride, static_cast<uint16_t*>(out), out_stride,
+                           threads);
   return linear_dispatch(static_cast<const float*>(x), rows, x_stride, static_cast<const float*>(w), n, k, k_padded,
-                         block_n, static_cast<const float*>(bias), swish != 0, static_cast<const float*>(mul), mul_stride,
-                         static_cast<float*>(out), out_stride, threads);
+                         block_n, static_cast<const float*>(bias), swish != 0, static_cast<const float*>(mul),
+                         mul_stride, static_cast<float*>(out), out_stride, threads);
 }
 
 }  // extern "C"
