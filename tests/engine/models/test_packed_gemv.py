@@ -41,7 +41,7 @@ def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(768, 512), (512, 1536), (100, 73), (7, 5), (64, 16), (130, 200), (8192, 64)])
+@pytest.mark.parametrize("n,k", [(768, 512), (512, 1536), (100, 73), (7, 5), (64, 16), (130, 200), (8192, 64), (40, 1)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 13, 32, 33, 64])
 def test_the_kernel_matches_float64_products(dtype, n, k, rows):
     w = _weight(n, k, dtype, n * k)

@@ -85,6 +85,10 @@ inline void prefetch_step(const T* p) {  // every cache line of one k step
   for (int64_t b = 0; b < BYTES; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T0);
 }
 
+// Values of a block per step (one k value of 16 * V outputs in float32, one k pair in bf16).
+template <int V, typename T>
+constexpr int64_t kStepValues = 16 * V * (sizeof(T) == 2 ? 2 : 1);
+
 // Prefetches one group's share of the next chunk: lines first, first + stride, ... below `end`
 // (in cache lines from `base`), `per_step` of them a step.
 struct ChunkPrefetch {
@@ -102,7 +106,7 @@ struct ChunkPrefetch {
 template <int R, int V, typename T, bool PF, bool LAST = false>
 inline void run_steps(__m512 (&acc)[R][V], const T* w, const T* const* xs, int64_t s0, int64_t s1,
                       ChunkPrefetch& pf) {
-  constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);  // values per step
+  constexpr int64_t LINE = kStepValues<V, T>;
   constexpr int64_t AHEAD = AHEAD_BYTES / sizeof(T) / LINE + 1;  // steps ahead of the loads
   for (int64_t s = s0; s < s1; ++s) {
     if constexpr (PF) prefetch_step<LINE * sizeof(T)>(w + (s + AHEAD) * LINE);
@@ -115,14 +119,14 @@ inline void run_steps(__m512 (&acc)[R][V], const T* w, const T* const* xs, int64
   }
 }
 
-// One group of R (<= 4) rows over steps s0 .. s1 - 1: its sums start at zero (s0 = 0) or where the
-// previous chunk left them in `sums`, and go back there.
+// One group of R (<= 4) rows over steps s0 .. s1 - 1: its sums start at zero (s0 = 0, also the odd
+// K's last pair where K is 1) or where the previous chunk left them in `sums`, and go back there.
 template <int R, int V, typename T, bool LAST = false>
 inline void group_steps(__m512 (*sums)[V], const T* w, const T* const* xs, int64_t s0, int64_t s1, bool one_group,
                         ChunkPrefetch& pf) {
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = s0 == 0 && !LAST ? _mm512_setzero_ps() : sums[r][v];
+    for (int v = 0; v < V; ++v) acc[r][v] = s0 == 0 ? _mm512_setzero_ps() : sums[r][v];
   if (one_group) run_steps<R, V, T, true, LAST>(acc, w, xs, s0, s1, pf);
   else run_steps<R, V, T, false, LAST>(acc, w, xs, s0, s1, pf);
   for (int r = 0; r < R; ++r)
@@ -146,13 +150,13 @@ inline void group_dispatch(int rr, __m512 (*sums)[V], const T* w, const T* const
 // one pass over the weight. Every sum runs in k order, as with one group.
 template <int V, typename T>
 inline void block_sums(__m512 (*sums)[V], const T* w, const T* const* xs, int rows, int64_t k) {
-  constexpr int64_t LINE = 16 * V * (sizeof(T) == 2 ? 2 : 1);
+  constexpr int64_t LINE = kStepValues<V, T>;
   constexpr int64_t CHUNK = CHUNK_BYTES / sizeof(T) / LINE;  // steps a chunk
   constexpr int64_t LINES_A_STEP = LINE * sizeof(T) / 64;
   const int64_t steps = sizeof(T) == 2 ? k / 2 : k;  // whole steps (bf16: pairs whose both values are x's)
   const int groups = (rows + MAX_ROWS_AT_ONCE - 1) / MAX_ROWS_AT_ONCE;
   const bool one_group = groups <= 1;
-  const int64_t chunk = one_group ? std::max<int64_t>(steps, 1) : CHUNK;
+  const int64_t chunk = one_group ? steps : CHUNK;
   ChunkPrefetch pf;
   for (int64_t c0 = 0; c0 < steps; c0 += chunk) {
     const int64_t c1 = std::min(steps, c0 + chunk);
@@ -164,9 +168,6 @@ inline void block_sums(__m512 (*sums)[V], const T* w, const T* const* xs, int ro
       group_dispatch<V, T>(std::min(MAX_ROWS_AT_ONCE, rows - r0), sums + r0, w, xs + r0, c0, c1, one_group, pf);
     }
   }
-  if (steps == 0)
-    for (int r = 0; r < rows; ++r)
-      for (int v = 0; v < V; ++v) sums[r][v] = _mm512_setzero_ps();
   if (sizeof(T) == 2 && k % 2)  // the last value pairs with the padding's zero
     for (int r0 = 0; r0 < rows; r0 += MAX_ROWS_AT_ONCE)
       group_dispatch<V, T, true>(std::min(MAX_ROWS_AT_ONCE, rows - r0), sums + r0, w, xs + r0, steps, steps + 1,
