@@ -40,9 +40,10 @@ def case(dtype, batch, num_heads, num_kv_heads, head_dim, lens, block_size=16, s
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"),
                          [(8, 2, 64), (4, 4, 128), (16, 2, 64), (8, 1, 256), (4, 2, 48)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matches_the_reference(dtype, num_heads, num_kv_heads, head_dim, threads):
-    lens = [1, 15, 16, 17, 500, 33, 160, 7]
-    q, key, value, _, tables, ctx = case(dtype, len(lens), num_heads, num_kv_heads, head_dim, lens)
+@pytest.mark.parametrize("block_size", [16, 8, 1])  # under 16: runs of 16 keys start off the score rows' 16-multiples
+def test_matches_the_reference(dtype, num_heads, num_kv_heads, head_dim, threads, block_size):
+    lens = [1, 15, 16, 17, 500, 33, 160, 7, 9]
+    q, key, value, _, tables, ctx = case(dtype, len(lens), num_heads, num_kv_heads, head_dim, lens, block_size=block_size)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -98,8 +99,9 @@ def fp8_codes(*shape, seed=0, codes=FINITE_E4M3):
     return codes[pick].view(torch.float8_e4m3fn)
 
 
-def fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens, seed=0, codes=FINITE_E4M3):
-    q, key, _, tables, padded, ctx = case(q_dtype, len(lens), num_heads, num_kv_heads, head_dim, lens, seed=seed)
+def fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens, seed=0, codes=FINITE_E4M3, block_size=16):
+    q, key, _, tables, padded, ctx = case(q_dtype, len(lens), num_heads, num_kv_heads, head_dim, lens,
+                                          block_size=block_size, seed=seed)
     key = fp8_codes(*key.shape, seed=seed + 1, codes=codes)
     value = fp8_codes(*key.shape, seed=seed + 2, codes=codes)
     return q, key, value, tables, padded, ctx
@@ -108,9 +110,13 @@ def fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens, seed=0, codes=FIN
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(8, 2, 64), (4, 4, 128), (8, 1, 256), (4, 2, 48)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_an_fp8_cache_matches_the_reference_with_its_scales(q_dtype, num_heads, num_kv_heads, head_dim, threads):
-    lens = [1, 15, 16, 17, 500, 33, 160, 7]
-    q, key, value, _, tables, ctx = fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens)
+# block sizes under 16 start runs of 16 keys off the score rows' 16-multiples; bf16 over FP8 weighs V
+# in pairs of keys (odd lengths; a block of 1 takes the unpaired loop)
+@pytest.mark.parametrize("block_size", [16, 4, 1])
+def test_an_fp8_cache_matches_the_reference_with_its_scales(q_dtype, num_heads, num_kv_heads, head_dim, threads,
+                                                            block_size):
+    lens = [1, 15, 16, 17, 500, 33, 160, 7, 5]
+    q, key, value, _, tables, ctx = fp8_case(q_dtype, num_heads, num_kv_heads, head_dim, lens, block_size=block_size)
     k_scale, v_scale = 0.0123, 3.5  # codes reach +-448: scores of a few units, outputs of hundreds
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
