@@ -43,7 +43,8 @@ def case(dtype, batch, num_heads, num_kv_heads, head_dim, lens, block_size=16, s
 @pytest.mark.parametrize("block_size", [16, 8, 1])  # under 16: runs of 16 keys start off the score rows' 16-multiples
 def test_matches_the_reference(dtype, num_heads, num_kv_heads, head_dim, threads, block_size):
     lens = [1, 15, 16, 17, 500, 33, 160, 7, 9]
-    q, key, value, _, tables, ctx = case(dtype, len(lens), num_heads, num_kv_heads, head_dim, lens, block_size=block_size)
+    q, key, value, _, tables, ctx = case(dtype, len(lens), num_heads, num_kv_heads, head_dim, lens,
+                                         block_size=block_size)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

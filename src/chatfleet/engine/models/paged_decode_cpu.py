@@ -26,8 +26,9 @@ it is read, so a decode reads half a bf16 cache's bytes (the torch-op path inste
 converts and scales padded copies of K and V: bf16, one thread, b32 x 500 tokens x 8 layers,
 ``benchmarks/fp8_kv_speed.py``). With bf16 queries and AVX512-BF16, V's rows are widened to bf16
 (exactly) and weighed in pairs of keys by vdpbf16ps, the numerators rounded to bf16 as the chunk
-kernels round them: Zen 4, one thread, 0.94x a b8 decode step and 0.91x-0.96x at b32. ``gather_fp8`` does the same widening for a prefill chunk's
-context (gather, convert and scale in one pass, for the chunk attention kernels).
+kernels round them: Zen 4, one thread, 0.94x a b8 decode step and 0.91x-0.96x at b32.
+``gather_fp8`` does the same widening for a prefill chunk's context (gather, convert and scale in
+one pass, for the chunk attention kernels).
 
 Shapes: q [B, Hq, D] (float32 or bfloat16), key/value [Hkv, num_blocks, block_size, D] in q's
 dtype or ``float8_e4m3fn``, block_tables [B, W] int64 (at least ceil(ctx / block_size) valid
