@@ -209,7 +209,7 @@ def main() -> None:
             (f"{b['decode_step_ms_for_target']:.1f}" if b["decode_step_ms_for_target"] is not None else "out of reach")
             if b else "-",
         )
-    Console().print(table)
+    Console(width=200).print(table)
     out = args.out or RESULTS_DIR / f"phase_split-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "phase_split", "settings": {k: str(v) for k, v in vars(args).items()},
