@@ -299,7 +299,8 @@ struct FourHeads {
   __m512 dot(const T* k) const {
     __m512 a = _mm512_setzero_ps();
     for (int j = 0; j < J; ++j) {
-      const __m512i kb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + (pairs ? 8 : 4) * j)));
+      const auto* chunk = reinterpret_cast<const __m128i*>(k + (pairs ? 8 : 4) * j);  // 4 elements
+      const __m512i kb = _mm512_broadcast_i32x4(_mm_loadu_si128(chunk));
 #if defined(__AVX512BF16__)
       if constexpr (pairs) {
         a = _mm512_dpbf16_ps(a, (__m512bh)v[j], (__m512bh)kb);
@@ -499,8 +500,9 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
         }
         // only the run's m scores: a block size under 16 starts runs off the rows' 16-multiples,
         // and a whole vector there ran past the row into the next head's scores (or the buffer)
-        _mm512_mask_storeu_ps(scores.data() + static_cast<size_t>(g) * padded + t0 + r0,
-                              static_cast<__mmask16>(m == 16 ? 0xffffu : (1u << m) - 1), _mm512_mul_ps(sum16(lanes), sc));
+        const auto run = static_cast<__mmask16>(m == 16 ? 0xffffu : (1u << m) - 1);
+        _mm512_mask_storeu_ps(scores.data() + static_cast<size_t>(g) * padded + t0 + r0, run,
+                              _mm512_mul_ps(sum16(lanes), sc));
       }
     }
   }
