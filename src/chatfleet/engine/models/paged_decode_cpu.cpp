@@ -146,20 +146,29 @@ void attend_one(const T* q, const C* key, const C* value, T* out, const int64_t*
 #if defined(__AVX512F__)
 #define CF_HAVE_AVX512 1
 
+// Per 128-bit lane h: [the sum of a's 4 lanes there, b's, c's, d's] (FourHeads: lane h of each of
+// a..d holds one head's 4 partials; sum16: its first two levels).
+inline __m512 sum4x4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+
 // r[i] = the sum of v[i]'s 16 lanes, for i = 0 .. 15: pairs of vectors added in 128-bit lanes,
-// then pairs of pairs, then the four 128-bit lanes across (45 instructions for 16 sums, where
-// one horizontal sum per vector takes ~8 and serializes).
+// then pairs of pairs (sum4x4), then the four 128-bit lanes across (45 instructions for 16 sums,
+// where one horizontal sum per vector takes ~8 and serializes).
 inline __m512 sum16(const __m512* v) {
-  __m512 a[8], b[4];
-  for (int i = 0; i < 8; ++i)
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
+  __m512 b[4];
+  for (int i = 0; i < 4; ++i) b[i] = sum4x4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
   const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+// The first n lanes (none for n <= 0, all 16 for n >= 16).
+inline __mmask16 first_lanes(int64_t n) {
+  return static_cast<__mmask16>((1u << (n < 0 ? 0 : n > 16 ? 16 : n)) - 1);
 }
 
 #if defined(__AVX512DQ__)
@@ -169,7 +178,7 @@ inline __m512 sum16(const __m512* v) {
 // tokens x 8 layers, bf16, one thread of an AMX Xeon: the softmax 0.85 -> ~0.25 ms of ~5.4.
 inline float softmax_numerators16(float* s, int64_t ctx) {
   const int64_t whole = ctx / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (ctx - whole)) - 1);
+  const __mmask16 tail = first_lanes(ctx - whole);
   __m512 m4[4] = {_mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX), _mm512_set1_ps(-FLT_MAX),
                   _mm512_set1_ps(-FLT_MAX)};
   int64_t t = 0;
@@ -313,14 +322,6 @@ struct FourHeads {
   }
 };
 
-// Per 128-bit lane h: [sum of a's 4 lanes, b's, c's, d's] (each lane h of a..d one head's partials).
-inline __m512 sum4x4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
-  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-}
-
 // Head h's 4 scores (128-bit lane h of s) to row h of the scores.
 inline void store_lanes(float* dst, int64_t padded, __m512 s) {
   _mm_storeu_ps(dst, _mm512_castps512_ps128(s));
@@ -360,10 +361,7 @@ void weigh_value_pairs(std::vector<float>& scores, int64_t padded, int64_t ctx, 
   for (int g = 0; g < G; ++g) {
     const float* sg = scores.data() + static_cast<size_t>(g) * padded;
     for (int64_t t = 0; t < padded; t += 16) {
-      const int64_t left = ctx - t;
-      const __mmask16 live = left >= 16 ? static_cast<__mmask16>(0xffff)
-                                        : static_cast<__mmask16>(left > 0 ? (1u << left) - 1 : 0);
-      const __m256bh e = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, sg + t));
+      const __m256bh e = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(first_lanes(ctx - t), sg + t));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(eb + static_cast<size_t>(g) * padded + t), (__m256i)e);
     }
   }
@@ -500,8 +498,7 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
         }
         // only the run's m scores: a block size under 16 starts runs off the rows' 16-multiples,
         // and a whole vector there ran past the row into the next head's scores (or the buffer)
-        const auto run = static_cast<__mmask16>(m == 16 ? 0xffffu : (1u << m) - 1);
-        _mm512_mask_storeu_ps(scores.data() + static_cast<size_t>(g) * padded + t0 + r0, run,
+        _mm512_mask_storeu_ps(scores.data() + static_cast<size_t>(g) * padded + t0 + r0, first_lanes(m),
                               _mm512_mul_ps(sum16(lanes), sc));
       }
     }
