@@ -35,6 +35,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR  # noqa: E402
 from machine import default_dtypes, describe_machine, one_line  # noqa: E402
+from profile_step import build_engine  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -67,14 +68,6 @@ class PeerBound:
     ours_http_wall_s: float | None  # ours over HTTP in the same JSON, for comparison
     ratio_if_decode_free: float
     decode_step_ms_for_target: float | None  # None: the target is out of reach even then
-
-
-def _engine(model: str, dtype: str, threads: int, kv_bytes: int):  # noqa: ANN202 - chatfleet's Engine
-    from chatfleet.engine.config import CacheConfig, EngineConfig
-    from chatfleet.engine.engine import Engine
-
-    return Engine(EngineConfig(model=model, dtype=dtype, num_threads=threads, max_model_len=4096,
-                               cache=CacheConfig(memory_bytes=kv_bytes)))
 
 
 def run_phase(engine, streams: int, per_stream: int, prompt_tokens: int, output_tokens: int,  # noqa: ANN001
@@ -185,7 +178,7 @@ def main() -> None:
     machine = describe_machine(threads_used=args.threads)
     rows: list[dict] = []
     for dtype in dtypes:
-        engine = _engine(args.model, dtype, args.threads, int(args.kv_cache_gib * (1 << 30)))
+        engine = build_engine(args.model, dtype, args.threads, int(args.kv_cache_gib * (1 << 30)))
         run_phase(engine, 2, 1, 64, 4, seed=99)  # first-call set-up (kernel builds, oneDNN primitives)
         for n in streams:
             records = run_phase(engine, n, args.requests_per_stream, args.prompt_tokens, args.output_tokens, seed=n)

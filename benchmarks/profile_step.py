@@ -244,12 +244,13 @@ def profiler_costs(n: int = 3000) -> tuple[float, float]:
     return max(0.0, min(op_cost)) * 1e3, max(0.0, min(range_cost)) * 1e3
 
 
-def _engine(model: str, dtype: str, threads: int):  # noqa: ANN202 - chatfleet's Engine
+def build_engine(model: str, dtype: str, threads: int, kv_bytes: int = 256 << 20):  # noqa: ANN201 - chatfleet's Engine
+    """The in-process Engine the benchmarks step (4,096-token context, ``kv_bytes`` of KV)."""
     from chatfleet.engine.config import CacheConfig, EngineConfig
     from chatfleet.engine.engine import Engine
 
     return Engine(EngineConfig(model=model, dtype=dtype, num_threads=threads, max_model_len=4096,
-                               cache=CacheConfig(memory_bytes=256 << 20)))
+                               cache=CacheConfig(memory_bytes=kv_bytes)))
 
 
 def _add(engine, w: Workload, tag: str, seed: int) -> None:  # noqa: ANN001
@@ -291,7 +292,7 @@ def run_pass(engine, w: Workload, tag: str, seed: int, prof=None) -> dict:  # no
 
 
 def profile_in_process(model: str, dtype: str, threads: int, w: Workload) -> dict:
-    engine = _engine(model, dtype, threads)
+    engine = build_engine(model, dtype, threads)
     _add(engine, Workload("warm", 2, 64, 4, None), "warm", 99)  # first-call set-up, not measured
     while engine.has_unfinished_requests():
         engine.step()
