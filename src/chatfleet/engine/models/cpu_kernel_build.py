@@ -128,6 +128,12 @@ class KernelLoader:
         """Whether the kernel is built and loaded here (builds it on first call)."""
         return self.load() is not None
 
+    def address(self, symbol: str) -> int | None:
+        """The address of the library's exported function ``symbol`` (for C++ code that calls it
+        directly, ``decode_stack_cpu.cpp``), or None where the kernel is not loaded here."""
+        lib = self.load()
+        return None if lib is None else ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+
     def reset(self) -> None:
         """Forget the outcome, so that the next ``load()`` tries again (for tests that change
         the environment it reads)."""

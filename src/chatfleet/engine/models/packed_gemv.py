@@ -79,6 +79,12 @@ def available() -> bool:
     return _LOADER.available()
 
 
+def address(symbol: str) -> int | None:
+    """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
+    code), or None where the library is not loaded here."""
+    return _LOADER.address(symbol)
+
+
 @dataclass(frozen=True)
 class PackedLayout:
     """Where a prepacked [n, k] weight's values lie: blocks of ``block_n`` outputs, each

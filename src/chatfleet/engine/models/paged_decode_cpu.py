@@ -87,6 +87,12 @@ def available() -> bool:
     return _LOADER.available()
 
 
+def address(symbol: str) -> int | None:
+    """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
+    code), or None where the library is not loaded here."""
+    return _LOADER.address(symbol)
+
+
 def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
     """Whether the kernel takes a model of this shape: a CPU, float32 or bfloat16 queries over a
     cache of the same dtype or FP8 (e4m3), head dims up to MAX_HEAD_DIM, ``group`` (query heads

@@ -47,6 +47,12 @@ def available() -> bool:
     return _LOADER.available()
 
 
+def address(symbol: str) -> int | None:
+    """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
+    code), or None where the library is not loaded here."""
+    return _LOADER.address(symbol)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, folded_sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` over x [T, H, D] with cos/sin [T, 1, D] (sin
     sign-folded, see ``qwen3.Rotary``)."""

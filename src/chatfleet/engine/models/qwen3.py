@@ -20,6 +20,7 @@ from torch import nn
 
 from chatfleet.engine.kv.spec import KVCacheSpec
 from chatfleet.engine.models.attention import AttentionMetadata, KVCache, causal_attention, paged_attention
+from chatfleet.engine.models.decode_stack import DecodeStack, build_decode_stack
 from chatfleet.engine.models.fp8_embedding import FP8Embedding
 from chatfleet.engine.models.linear import Linear, onednn_matmul_nt, switch_kernels
 from chatfleet.engine.models.prefill_attention import runs_in_onednn
@@ -230,6 +231,9 @@ class Qwen3ForCausalLM(nn.Module):
             None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary: Rotary | None = None
         self.kernels = "torch"
+        self.decode_stack_enabled = True  # False: decode steps call the layers' modules (tests, A/B runs)
+        self._decode_stack: DecodeStack | None = None
+        self._decode_stack_built = False
 
     @property
     def decoder_layers(self) -> Sequence[Qwen3DecoderLayer]:
@@ -242,6 +246,18 @@ class Qwen3ForCausalLM(nn.Module):
             reserve_primitive_cache()  # every row bucket's linears stay built (row_buckets.py)
         attention = (layer.self_attn for layer in self.decoder_layers)
         self.kernels = switch_kernels(self, attention, self.kernels, kernels)
+        self._decode_stack, self._decode_stack_built = None, False
+
+    def decode_stack(self) -> DecodeStack | None:
+        """The decoder layers as one C++ call for decode steps (``decode_stack.py``), built at the
+        first ask after the oneDNN backend packed the linears; None where it does not apply."""
+        if self.kernels != "onednn" or not self.decode_stack_enabled:
+            return None
+        if not self._decode_stack_built:
+            self._decode_stack_built = True
+            self._decode_stack = build_decode_stack(self.config, list(self.decoder_layers), self.norm.weight,
+                                                    self.norm.weight.dtype)
+        return self._decode_stack
 
     def init_rotary(self) -> None:
         """Build the RoPE tables on the parameters' device and dtype, and each layer's fused q/k
@@ -259,6 +275,11 @@ class Qwen3ForCausalLM(nn.Module):
             self.init_rotary()
         assert self.rotary is not None
         tokens = input_ids.shape[0]
+        stack = self.decode_stack() if kv_caches is not None else None
+        if stack is not None and stack.takes(tokens, attn_metadata, kv_caches):
+            assert isinstance(attn_metadata, AttentionMetadata)
+            cos, sin = self.rotary.lookup(positions)
+            return stack.run(self.embed_tokens(input_ids), cos, sin, attn_metadata)
         rows = padded_rows(tokens) if self.kernels == "onednn" else tokens
         if rows > tokens:  # row-wise work on a bucketed row count; padding rows are token 0 at position 0
             input_ids, positions = F.pad(input_ids, (0, rows - tokens)), F.pad(positions, (0, rows - tokens))

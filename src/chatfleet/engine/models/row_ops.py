@@ -73,6 +73,12 @@ def available() -> bool:
     return _LOADER.available()
 
 
+def address(symbol: str) -> int | None:
+    """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
+    code), or None where the library is not loaded here."""
+    return _LOADER.address(symbol)
+
+
 @functools.cache
 def vector_lanes() -> int:
     """float32 lanes of torch's CPU vectors here (``silu``'s vectorized loop steps by two): 16
