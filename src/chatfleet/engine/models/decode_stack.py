@@ -3,14 +3,16 @@ whose every piece of a decode step already runs in this package's C++ kernels.
 
 Why: a decode step of ``small`` (8 layers) makes ~90 kernel calls from Python (per layer: the norms,
 four or five packed linears, q/k norm + RoPE, the KV store, the paged decode), each through a module
-call, a wrapper's checks and a ctypes call with a dozen converted arguments, plus the views and
-allocations between them. Measured on an AMD EPYC (Zen 4), one thread, context ~530, the Python
-between and around the kernels was ~0.7 ms of a 6.1 ms bf16 step at batch 8 and ~1 ms of 10 ms in
-float32: the step is that much shorter with the layers in one call (see benchmarks/README.md,
-session 20). The C++ side calls the same kernels (by the addresses their libraries export,
-``cpu_kernel_build.KernelLoader.address``) in the modules' order on the same operands, so the hidden
-states are the modules' bits; the tests compare them at every step, and the greedy equivalence tests
-run through it.
+call, a wrapper's checks and a ctypes call with a dozen converted arguments, with fresh output
+tensors and views between them. Timed around the kernels (AMD EPYC Zen 4, one thread, context ~530),
+that Python was ~0.7 ms of a 6.1 ms bf16 step at batch 8 and ~1 ms of 10 ms in float32. With the
+layers in one call over one reused workspace the steps are shorter by more than that (why was not
+measured apart; the modules allocate fresh outputs every call, the stack does not): paired,
+alternating step by step, bf16 0.68x / 0.75x / 0.87x the modules' step at batch 1 / 8 / 32, float32
+0.83x / 0.83x / 0.91x (benchmarks/README.md, session 20). The C++ side calls the same kernels (by
+the addresses their libraries export, ``cpu_kernel_build.KernelLoader.address``) in the modules'
+order on the same operands, so the hidden states are the modules' bits; the tests compare them at
+every step, and the greedy equivalence tests run through it.
 
 It takes a step (``DecodeStack.takes``) where the modules would make exactly those kernel calls: decode
 rows only (no prompt chunk), at most ``packed_gemv.MAX_ROWS`` of them, the C++ decode kernel's block
@@ -134,7 +136,7 @@ class DecodeStack:
             hidden=config.hidden_size, heads=config.num_heads, kv_heads=config.num_kv_heads,
             head_dim=config.head_dim, intermediate=config.intermediate_size, layers=len(layers),
             eps=config.rms_norm_eps, scale=config.head_dim**-0.5, bf16=int(dtype == torch.bfloat16),
-            halves=int(halves), silu_chunk=row_ops.vector_lanes() * (4 if dtype == torch.bfloat16 else 2),
+            halves=int(halves), silu_chunk=row_ops.silu_step(dtype),
             final_norm=final_norm.data_ptr(), layer=ctypes.cast(self._layers, ctypes.POINTER(_Layer)),
             kernels=kernels)
         self._bound: tuple[tuple[int, int, float, float], ...] | None = None

@@ -86,6 +86,12 @@ def vector_lanes() -> int:
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
+def silu_step(dtype: torch.dtype) -> int:
+    """Values per step of torch's vectorized ``silu`` loop (two vectors of ``dtype``): the whole
+    steps ``cf_silu_and_mul`` computes as that loop does, the rest as its scalar tail."""
+    return vector_lanes() * (4 if dtype == torch.bfloat16 else 2)
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The torch-op path (and the kernel's reference), like transformers: float32 in one
     ``rms_norm``; 16 bits normalized in float32, rounded, then scaled by the weight."""
@@ -167,9 +173,8 @@ def silu_and_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     tokens = gate_up.shape[0]
     out = torch.empty(tokens, intermediate, dtype=gate_up.dtype)
     bf16 = gate_up.dtype == torch.bfloat16
-    chunk = vector_lanes() * (4 if bf16 else 2)  # torch's vectorized loop: two vectors of the dtype a step
     rc = lib.cf_silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), tokens, intermediate, out.data_ptr(), int(bf16),
-                             chunk, torch.get_num_threads())
+                             silu_step(gate_up.dtype), torch.get_num_threads())
     if rc:
         raise RuntimeError(f"SwiGLU C++ kernel refused the shapes (code {rc})")
     return out
