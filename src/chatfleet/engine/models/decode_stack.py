@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -39,8 +39,62 @@ from chatfleet.engine.models.kv_cache import FP8, KVCache
 from chatfleet.engine.models.linear import Linear
 from chatfleet.engine.models.swiglu import GateUpLinear
 
-if TYPE_CHECKING:
-    from chatfleet.engine.models.qwen3 import Qwen3Config, Qwen3DecoderLayer
+
+class _Weighted(Protocol):
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+
+class StackAttention(Protocol):
+    """What the stack reads of a Qwen3 attention module (``qwen3.Qwen3Attention``)."""
+
+    qk_norm_weight: torch.Tensor | None
+
+    @property
+    def qkv_proj(self) -> Linear: ...
+    @property
+    def o_proj(self) -> Linear: ...
+    @property
+    def kv_observer(self) -> object: ...
+    def fuse_qk_norms(self) -> None: ...
+
+
+class StackMLP(Protocol):
+    @property
+    def gate_up_proj(self) -> GateUpLinear: ...
+    @property
+    def down_proj(self) -> Linear: ...
+
+
+class StackLayer(Protocol):
+    """What the stack reads of a Qwen3 decoder layer (``qwen3.Qwen3DecoderLayer``; a protocol, so
+    that this module, which qwen3 imports, does not import qwen3)."""
+
+    @property
+    def input_layernorm(self) -> _Weighted: ...
+    @property
+    def post_attention_layernorm(self) -> _Weighted: ...
+    @property
+    def self_attn(self) -> StackAttention: ...
+    @property
+    def mlp(self) -> StackMLP: ...
+
+
+class StackConfig(Protocol):
+    """The model shape the stack needs (``qwen3.Qwen3Config``)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def rms_norm_eps(self) -> float: ...
 
 SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
 FLAGS = ("-O2", "-fPIC", "-std=c++17")
@@ -124,9 +178,9 @@ class DecodeStack:
     """One model's decoder layers as the C++ stack reads them (weights bound once; caches bound at
     the first step that uses them, again whenever they change)."""
 
-    def __init__(self, config: Qwen3Config, dtype: torch.dtype, layers: list[_Layer], final_norm: torch.Tensor,
+    def __init__(self, config: StackConfig, dtype: torch.dtype, layers: list[_Layer], final_norm: torch.Tensor,
                  halves: bool, keep: list[torch.Tensor], kernels: _Kernels,
-                 decoder_layers: list[Qwen3DecoderLayer]) -> None:
+                 decoder_layers: Sequence[StackLayer]) -> None:
         self.config = config
         self.dtype = dtype
         self._layers = (_Layer * len(layers))(*layers)
@@ -208,7 +262,7 @@ class DecodeStack:
         return out
 
 
-def build_decode_stack(config: Qwen3Config, layers: list[Qwen3DecoderLayer], final_norm: torch.Tensor,
+def build_decode_stack(config: StackConfig, layers: Sequence[StackLayer], final_norm: torch.Tensor,
                        dtype: torch.dtype) -> DecodeStack | None:
     """The stack over these (loaded, packed) layers, or None where a piece is not as it reads it."""
     if dtype not in (torch.float32, torch.bfloat16) or not layers or not packed_gemv.cpu_has_avx512():
