@@ -194,7 +194,11 @@ class DecodeStack:
             final_norm=final_norm.data_ptr(), layer=ctypes.cast(self._layers, ctypes.POINTER(_Layer)),
             kernels=kernels)
         self._bound: tuple[tuple[int, int, float, float], ...] | None = None
-        self._workspace = torch.empty(0, dtype=torch.uint8)
+        lib = _LOADER.load()
+        assert lib is not None  # build_decode_stack checked
+        # One workspace for the most rows a step can have (``takes``), sized once, not per step.
+        need = int(lib.cf_decode_stack_workspace(ctypes.byref(self._model), packed_gemv.MAX_ROWS))
+        self._workspace = torch.empty(need, dtype=torch.uint8)
 
     def takes(self, tokens: int, meta: object, caches: Sequence[KVCache | None] | None) -> bool:
         """Whether a step of ``tokens`` rows with this metadata and these caches runs in the stack."""
@@ -239,7 +243,7 @@ class DecodeStack:
         batch, d = embeddings.shape[0], self.config.head_dim
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
         assert tables is not None and lens is not None
-        ok = (_plain(embeddings, (batch, self.config.hidden_size), self.dtype)
+        ok = (1 <= batch <= packed_gemv.MAX_ROWS and _plain(embeddings, (batch, self.config.hidden_size), self.dtype)
               and _plain(cos, (batch, 1, d), self.dtype) and _plain(sin, (batch, 1, d), self.dtype)
               and _plain(meta.slot_mapping, (batch,), torch.int64) and _plain(lens, (batch,), torch.int64)
               and tables.dim() == 2 and _plain(tables, (batch, tables.shape[1]), torch.int64))
@@ -247,9 +251,6 @@ class DecodeStack:
             raise ValueError("decode stack: operands not as the kernels read them (shapes, dtypes, contiguity)")
         lib = _LOADER.load()
         assert lib is not None
-        need = int(lib.cf_decode_stack_workspace(ctypes.byref(self._model), batch))
-        if self._workspace.numel() < need:
-            self._workspace = torch.empty(need, dtype=torch.uint8)
         out = embeddings.new_empty(batch, self.config.hidden_size)
         step = _Step(batch=batch, embeddings=embeddings.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(),
                      slots=meta.slot_mapping.data_ptr(), block_tables=tables.data_ptr(), table_width=tables.shape[1],
