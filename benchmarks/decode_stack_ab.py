@@ -1,13 +1,15 @@
-"""Decode steps with the layers in one C++ call (models/decode_stack.py) against the same steps through
-the model's modules, paired: one runner, the two alternating step by step over the same sequences,
-so a slow minute of a shared machine falls on both.
+"""Decode steps with one thing switched on against the same steps with it off, paired: one runner, the
+two alternating step by step over the same sequences, so a slow minute of a shared machine falls on
+both. ``--switch stack`` (the default): the layers in one C++ call (models/decode_stack.py) against
+the model's modules. ``--switch amx``: the packed decode linears' bf16 sums on AMX tiles against
+AVX-512 (models/packed_gemv.py; an AMX CPU, bf16 only; the stack on for both).
 
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --batch 1 8 32
     python benchmarks/decode_stack_ab.py --dtype float32 --threads 1 --steps 80
+    python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch amx
 
-Per batch: the median step with the stack and with the modules (wall, ms), their ratio and the time
-saved. Prints a table and writes JSON (with the machine: CPU model, flags, threads, load) to
-benchmarks/results/.
+Per batch: the median step with it on and off (wall, ms), their ratio and the time saved. Prints a
+table and writes JSON (with the machine: CPU model, flags, threads, load) to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chatfleet.engine.builtin_models.tiny import resolve_model
+from chatfleet.engine.models import packed_gemv
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
@@ -38,10 +41,16 @@ BLOCK = 16
 WARMUP = 6  # steps (3 of each) not counted: the first stack step builds its library and binds the caches
 
 
-def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int) -> dict:
-    """``steps`` decode steps of ``batch`` sequences after their prompts, the stack on every even
+def _switch(runner: TorchRunner, what: str, on: bool) -> None:
+    if what == "stack":
+        runner.model.decode_stack_enabled = on
+    elif packed_gemv.use_amx(on) != on:
+        sys.exit("AMX does not run here: no AMX on this CPU, or the OS refused its tile state")
+
+
+def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int, what: str) -> dict:
+    """``steps`` decode steps of ``batch`` sequences after their prompts, ``what`` on every even
     step and off every odd one; the medians of each."""
-    model = runner.model
     rng = random.Random(batch)
     per_seq = -(-(context + steps + 1) // BLOCK)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
@@ -54,7 +63,7 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
     try:
         for s in range(steps):
             on = s % 2 == 0
-            model.decode_stack_enabled = on
+            _switch(runner, what, on)
             chunks = [ScheduledChunk(ids[i], [rng.randrange(vocab)], context + s, tables[i], True, params, s + 1)
                       for i in range(batch)]
             start = time.perf_counter()
@@ -62,11 +71,11 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
             if s >= WARMUP:
                 times[on].append(time.perf_counter() - start)
     finally:
-        model.decode_stack_enabled = True
+        _switch(runner, what, True)
         runner.execute(SchedulerOutput([], finished_request_ids=ids))
-    stack, modules = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
-    return {"batch": batch, "context": context, "steps_each": len(times[True]), "stack_ms": stack,
-            "modules_ms": modules, "ratio": stack / modules, "saved_ms": modules - stack}
+    on_ms, off_ms = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
+    return {"batch": batch, "context": context, "steps_each": len(times[True]), "switch": what, "on_ms": on_ms,
+            "off_ms": off_ms, "ratio": on_ms / off_ms, "saved_ms": off_ms - on_ms}
 
 
 def main() -> None:
@@ -77,6 +86,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=530)
     ap.add_argument("--steps", type=int, default=60, help="decode steps per batch, half of them each way")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--switch", choices=("stack", "amx"), default="stack",
+                    help="stack: one C++ call vs the modules; amx: bf16 linears on AMX tiles vs AVX-512")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype)
@@ -84,15 +95,17 @@ def main() -> None:
         sys.exit("the decode stack does not build here (no AVX-512, no compiler, kernels off, or not oneDNN)")
     blocks = max(args.batch) * (-(-(args.context + args.steps + 1) // BLOCK))
     runner = TorchRunner(loaded, blocks, BLOCK)
-    rows = [paired(runner, b, args.context, args.steps, loaded.config.vocab_size) for b in args.batch]
+    rows = [paired(runner, b, args.context, args.steps, loaded.config.vocab_size, args.switch) for b in args.batch]
     machine = describe_machine(threads_used=torch.get_num_threads())
     dtype = str(loaded.dtype).removeprefix("torch.")
-    table = Table(title=f"decode step, layers in one C++ call vs the modules: {args.model} {dtype}, "
-                        f"{torch.get_num_threads()} thread(s), context ~{args.context}, {one_line(machine)}")
-    for col in ("batch", "stack ms", "modules ms", "stack / modules", "saved ms"):
+    on, off = ("stack", "modules") if args.switch == "stack" else ("AMX", "AVX-512")
+    what = "layers in one C++ call vs the modules" if args.switch == "stack" else "bf16 linears on AMX vs AVX-512"
+    table = Table(title=f"decode step, {what}: {args.model} {dtype}, {torch.get_num_threads()} thread(s), "
+                        f"context ~{args.context}, {one_line(machine)}")
+    for col in ("batch", f"{on} ms", f"{off} ms", f"{on} / {off}", "saved ms"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch"]), f"{r['stack_ms']:.2f}", f"{r['modules_ms']:.2f}", f"{r['ratio']:.3f}",
+        table.add_row(str(r["batch"]), f"{r['on_ms']:.2f}", f"{r['off_ms']:.2f}", f"{r['ratio']:.3f}",
                       f"{r['saved_ms']:.2f}")
     Console().print(table)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

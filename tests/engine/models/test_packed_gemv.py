@@ -32,6 +32,12 @@ def _packed(w: torch.Tensor) -> tuple[torch.Tensor, m.PackedLayout]:
     return packed, layout
 
 
+def _onednn_splits_k(dtype: torch.dtype, k: int) -> bool:
+    """Whether oneDNN's own product gives a row different bits among 38+ rows than alone here (its
+    AMX bf16 product from K = 512, seen on an AMX Xeon)."""
+    return dtype == torch.bfloat16 and m.amx_in_use() and k >= 512
+
+
 def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 sums in k order: k float32 ulps of sum |x||w|; bf16 output: plus half a bf16 ulp."""
     mag = x.double().abs() @ w.double().abs().T
@@ -147,7 +153,7 @@ def test_swiglu_on_packed_halves_matches_float64_and_onednn(intermediate, hidden
     assert g.halves_layout is not None
     x = _weight(rows, hidden, torch.bfloat16, rows) * 10
     got = swiglu(g, x, intermediate)
-    many = torch.cat([x] * (m.MAX_ROWS // rows + 1))  # more rows than the kernel takes: oneDNN
+    many = torch.cat([x] * (m.MAX_ROWS // rows + 1))[: m.MAX_ROWS + 1]  # more rows than the kernel takes: oneDNN
     assert torch.equal(got, swiglu(g, many, intermediate)[:rows])  # kernel or oneDNN: same bits
     xd = x.double()
     gate, up = xd @ w[:intermediate].double().T, xd @ w[intermediate:].double().T
@@ -169,14 +175,46 @@ def test_a_row_gets_the_same_bits_at_any_row_count(dtype):
     # decode rows take the kernel, larger steps oneDNN: a row's result must not depend on which
     # (the greedy equivalence tests rest on it); tiny's shapes and small's up to K = 512. (At
     # small's down projection, K = 1,536, oneDNN itself gives a row alone and the same row among
-    # 40 different bits: it splits K there. The kernel's bits are those of some of its row counts.)
+    # 40 different bits: it splits K there. The kernel's bits are those of some of its row counts.
+    # On an AMX CPU oneDNN's bf16 product splits K from K = 512 at 38 rows and more, so there the
+    # oneDNN side of K = 512 is 33 rows, the fewest that leave the kernel.)
     for n, k in ((384, 128), (128, 192), (768, 128), (768, 512), (3072, 512), (100, 73)):
         w = _weight(n, k, dtype, n + k)
         packed, layout = _packed(w)
-        x = _weight(40, k, dtype, k) * 10
+        x = _weight(m.MAX_ROWS + 1 if _onednn_splits_k(dtype, k) else 40, k, dtype, k) * 10
         whole = ONEDNN(x, packed, None, "none", [], "")
         for rows in (1, 2, 5, 13, m.MAX_ROWS):
             assert torch.equal(m.packed_linear(x[:rows], packed, layout), whole[:rows]), (n, k, rows)
+
+
+@pytest.mark.skipif(not m.amx_in_use(), reason="no AMX here (or the OS refused its tile state)")
+def test_bf16_sums_on_amx_tiles_are_onednns_bits_and_a_rows_own():
+    # small's shapes too (K = 1,536 and 3,072): at decode rows oneDNN's AMX product and the tiles'
+    # are the same sums; and a row's bits are the same alone, whatever the other rows in the step
+    for n, k in ((1024, 1024), (3072, 1024), (1024, 3072), (6144, 1024), (100, 73), (40, 1), (130, 200)):
+        w = _weight(n, k, torch.bfloat16, n * k)
+        packed, layout = _packed(w)
+        x = _weight(m.MAX_ROWS, k, torch.bfloat16, k) * 10
+        for rows in (1, 2, 15, 16, 17, 31, m.MAX_ROWS):
+            got = m.packed_linear(x[:rows], packed, layout)
+            assert torch.equal(got, ONEDNN(x[:rows], packed, None, "none", [], "")), (n, k, rows)
+            assert torch.equal(got, torch.cat([m.packed_linear(x[r : r + 1], packed, layout) for r in range(rows)]))
+
+
+@pytest.mark.skipif(not m.amx_in_use(), reason="no AMX here (or the OS refused its tile state)")
+@pytest.mark.parametrize("rows", [1, 7, 16, 33, m.KERNEL_MAX_ROWS])
+def test_bf16_sums_on_avx512_and_amx_both_match_float64_products(rows):
+    w = _weight(520, 200, torch.bfloat16, 17)
+    x = _weight(rows, 200, torch.bfloat16, 18) * 10
+    packed, layout = _packed(w)
+    ref = x.double() @ w.double().T
+    try:
+        for on in (False, True):
+            assert m.use_amx(on) == on
+            got = m.packed_linear(x, packed, layout)
+            assert ((got.double() - ref).abs() <= _bound(x, w, torch.bfloat16)).all(), on
+    finally:
+        m.use_amx(True)
 
 
 def test_the_kernel_refuses_more_rows_than_it_holds():

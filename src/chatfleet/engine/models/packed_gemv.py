@@ -31,6 +31,17 @@ result does not depend on how many rows the step has. A bf16 MLP's gate takes on
 (its eltwise code, operation for operation: the same bits as the post-op) and its up half a factor,
 the activated gate, as oneDNN's binary ``mul`` post-op does (``swiglu.py``).
 
+On an AMX CPU (Intel Xeon, ``amx_bf16``) bf16 sums run on AMX tiles instead, at every row count:
+a packed bf16 block (32 outputs wide there) is AMX's B operand as it lies, 16 rows go to a tile
+and one tile product takes 32 k values of 16 outputs. There oneDNN's own bf16 product is an AMX
+one, and a k pair's two products round on the tiles as in oneDNN's and not as in vdpbf16ps: the
+tiles give oneDNN's bits at every row count up to 33 on every shape tried (``small``'s included,
+where the AVX-512 sums differed from 4-8 rows on), and each row's bits are its own. Measured on an
+AMX Xeon, one thread, ``small``'s [3072, 1024] and [1024, 3072]: 0.24-0.29 ms at 1, 8 and 32 rows
+(~25 GB/s: the weight's read) against 0.24 / 0.49 / 1.8 ms on AVX-512 (``use_amx`` switches, for
+A/B runs) and 0.27-0.32 ms for oneDNN's. (At 38+ rows oneDNN's AMX product splits K from K = 512:
+a prompt step's rows get other bits than decode rows there, as on Zen 4 at K = 1,536.)
+
 Built like the other CPU kernels (``cpu_kernel_build``): system compiler at first use, cached by
 source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW).
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off.
@@ -67,6 +78,10 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     i64, ptr, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.cf_packed_linear.restype = cint
     lib.cf_packed_linear.argtypes = (ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, cint, ptr, i64, ptr, i64, cint, cint)
+    lib.cf_packed_amx_init.restype = cint
+    lib.cf_packed_use_amx.restype = cint
+    lib.cf_packed_use_amx.argtypes = (cint,)
+    lib.cf_packed_amx_init()  # bf16 sums on AMX tiles where the CPU has them and the OS grants them
     return None
 
 
@@ -77,6 +92,20 @@ _LOADER = KernelLoader(SOURCE, FLAGS, LINK_FLAGS, "packed-weight decode linear k
 def available() -> bool:
     """Whether the kernel is built and loaded here (builds it on first call)."""
     return _LOADER.available()
+
+
+def amx_in_use() -> bool:
+    """Whether bf16 sums run on AMX tiles here (the CPU has AMX, the OS granted its tile state and
+    ``use_amx`` did not switch it off); else on AVX-512."""
+    lib = _LOADER.load()
+    return lib is not None and lib.cf_packed_use_amx(-1) == 1
+
+
+def use_amx(on: bool) -> bool:
+    """Switch bf16 sums to AMX tiles (where granted) or to AVX-512, for paired A/B measurements and
+    tests (the two give different bits: see the docstring); returns whether AMX is now in use."""
+    lib = _LOADER.load()
+    return lib is not None and lib.cf_packed_use_amx(int(on)) == 1
 
 
 def address(symbol: str) -> int | None:

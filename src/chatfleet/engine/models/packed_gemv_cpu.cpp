@@ -12,7 +12,16 @@
 // rounded once, after the bias is added, oneDNN's swish applied if asked (SwiGLU's gate) and, if
 // given, the product with a same-shaped factor taken (SwiGLU's up half times the activated gate,
 // as oneDNN's binary mul post-op does).
+//
+// Where the CPU has AMX (and the OS grants its tile state: cf_packed_amx_init), bf16 sums are
+// taken on AMX tiles instead, at any row count: a packed bf16 block is already AMX's B operand
+// (16 k pairs of 16 outputs are one tile, rows 4 * BN bytes apart), rows go 16 to a tile, each
+// 32-value k step is one tile product per 16 outputs, the block streamed once for up to 32 rows.
+// TDPBF16PS rounds a k pair's two products as oneDNN's own AMX kernels do, which VDPBF16PS does
+// not: on an AMX Xeon oneDNN's bf16 product of these weights uses AMX, and these sums are its bits.
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -206,6 +215,87 @@ inline __m512 onednn_swish(__m512 x) {
   return _mm512_mul_ps(sigmoid, x);
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define CF_HAVE_AMX 1
+#else
+#define CF_HAVE_AMX 0
+#endif
+
+bool g_amx_granted = false;  // the OS granted AMX tile state (cf_packed_amx_init)
+bool g_amx_on = true;  // bf16 sums on AMX where granted (cf_packed_use_amx switches)
+
+#if CF_HAVE_AMX
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: sums (row tile i of two, 16-output half j of a 32-output slice: tile 2i + j); 4-5:
+// the rows' k step (row tile i); 6-7: the weight's k step (half j). Row tile 0 holds rows0 rows,
+// row tile 1 rows1 (0: unused).
+inline void configure_amx(int rows0, int rows1) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  const int rows_of[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows_of[t] ? rows_of[t] : 1);
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// The float32 sums of up to 32 rows (xs[0] onwards, rows x_stride values apart, `tail` holding the
+// same rows' last k step zero-padded, 32 values a row) over one packed bf16 block of BN outputs,
+// into sums (rows of BN floats). Steps 16 k pairs at a time through the block; per 32-output slice
+// of it (one pass over the slice's bytes, the B tiles of a step 4 * BN bytes a row), two weight
+// tiles and two row tiles feed four sum tiles.
+template <int BN>
+inline void amx_block_sums(float* sums, const uint16_t* w, const uint16_t* x, int64_t x_stride, const uint16_t* tail,
+                           int rows, int64_t k, int64_t k_padded) {
+  constexpr int SLICE = BN < 32 ? BN : 32;  // outputs a pass takes: one or two B tiles
+  constexpr int HALVES = SLICE / 16;
+  const bool two = rows > 16;
+  const int64_t full = k / 32 * 32;  // k steps read from the rows in place
+  for (int s0 = 0; s0 < BN; s0 += SLICE) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < k_padded; k0 += 32) {
+      const uint16_t* wk = w + k0 * BN + 2 * s0;  // pair k0 / 2's row of the block, at output s0
+      _mm_prefetch(reinterpret_cast<const char*>(wk + 64 * BN), _MM_HINT_T0);  // 4 k steps on
+      if (k0 < full) {
+        _tile_loadd(4, x + k0, x_stride * 2);
+        if (two) _tile_loadd(5, x + 16 * x_stride + k0, x_stride * 2);
+      } else {  // the padded last step (zeros past k: the padding's weights are zero too)
+        _tile_loadd(4, tail, 64);
+        if (two) _tile_loadd(5, tail + 16 * 32, 64);
+      }
+      _tile_loadd(6, wk, BN * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) _tile_dpbf16ps(2, 5, 6);
+      if constexpr (HALVES == 2) {
+        _tile_loadd(7, wk + 32, BN * 4);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, sums + s0, BN * 4);
+    if (HALVES == 2) _tile_stored(1, sums + s0 + 16, BN * 4);
+    if (two) {
+      _tile_stored(2, sums + 16 * BN + s0, BN * 4);
+      if (HALVES == 2) _tile_stored(3, sums + 16 * BN + s0 + 16, BN * 4);
+    }
+  }
+}
+
+#endif  // CF_HAVE_AMX
+
 inline __mmask16 lanes_below(int64_t n_left) {
   return n_left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(n_left, 0)) - 1);
 }
@@ -227,9 +317,40 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
   const int64_t blocks = (n + BN - 1) / BN;
   const T* xs[MAX_ROWS];
   for (int64_t r = 0; r < rows; ++r) xs[r] = x + r * x_stride;
-#pragma omp parallel for num_threads(threads) if (threads > 1 && blocks > 1) schedule(static)
+#if CF_HAVE_AMX
+  // AMX: bf16 only, and the k steps the packing pads to (32 values) must be the ones oneDNN's own
+  // AMX product takes
+  const bool amx = sizeof(T) == 2 && g_amx_granted && g_amx_on && k_padded == (k + 31) / 32 * 32;
+  alignas(64) uint16_t tail[MAX_ROWS * 32];  // the rows' last k step, zero-padded (AMX)
+  if (amx) {
+    const int64_t full = k / 32 * 32;
+    std::memset(tail, 0, sizeof tail);
+    for (int64_t r = 0; r < rows && full < k; ++r)
+      std::memcpy(tail + 32 * r, reinterpret_cast<const uint16_t*>(x + r * x_stride) + full, 2 * (k - full));
+  }
+  auto configure_pass = [rows](int64_t r0) {  // tiles for rows r0 .. r0 + 31
+    const int64_t left = rows - r0;
+    configure_amx(static_cast<int>(std::min<int64_t>(16, left)), static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16)));
+  };
+#endif
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
+  {
+#if CF_HAVE_AMX
+  if (amx) configure_pass(0);
+#endif
+#pragma omp for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 sums[MAX_ROWS][V];
+#if CF_HAVE_AMX
+    if (amx) {
+      for (int64_t r0 = 0; r0 < rows; r0 += 32) {  // 32 rows a pass over the block (more: its bytes again)
+        if (rows > 32) configure_pass(r0);
+        amx_block_sums<BN>(reinterpret_cast<float*>(sums[r0]), reinterpret_cast<const uint16_t*>(w) + b * k_padded * BN,
+                           reinterpret_cast<const uint16_t*>(x + r0 * x_stride), x_stride, tail + 32 * r0,
+                           static_cast<int>(std::min<int64_t>(32, rows - r0)), k, k_padded);
+      }
+    } else
+#endif
     block_sums<V>(sums, w + b * k_padded * BN, xs, static_cast<int>(rows), k);
     for (int64_t r = 0; r < rows; ++r) {
       T* o = out + r * out_stride + b * BN;
@@ -244,6 +365,10 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
         store(o + 16 * v, y, m);
       }
     }
+  }
+#if CF_HAVE_AMX
+  if (amx) _tile_release();
+#endif
   }
 }
 
@@ -268,6 +393,32 @@ int linear_dispatch(const T* x, int64_t rows, int64_t x_stride, const T* w, int6
 }  // namespace
 
 extern "C" {
+
+// Asks the OS for AMX tile state in this process; 0: bf16 sums run on AMX tiles from now on; 1: not
+// built for AMX (no AMX here); 2: the OS refused.
+int cf_packed_amx_init() {
+#if CF_HAVE_AMX
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  g_amx_granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return g_amx_granted ? 0 : 2;
+#else
+  return 1;
+#endif
+}
+
+// Whether bf16 sums run on AMX tiles (1) or on AVX-512 (0, also where AMX is not granted); `on`:
+// switch to AMX (1, only where cf_packed_amx_init granted it) or to AVX-512 (0), -1 leaves it.
+// For paired A/B measurements and tests; not thread-safe against a running product.
+int cf_packed_use_amx(int on) {
+#if CF_HAVE_AMX
+  if (on >= 0) g_amx_on = on != 0;
+  return g_amx_granted && g_amx_on ? 1 : 0;
+#else
+  (void)on;
+  return 0;
+#endif
+}
 
 // out[rows, n] = swish?(x[rows, k] W^T (+ bias)) (* mul[rows, n]), W as oneDNN packed it (blocks
 // of block_n outputs, each k_padded k steps long); bias and mul may be null, swish (oneDNN's) is
