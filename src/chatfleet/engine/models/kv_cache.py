@@ -8,12 +8,15 @@ written, so a block's raw bytes mean the same wherever they are copied (host tie
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from chatfleet.engine.models.fp8_cast import fp8_dequantize, to_e4m3_normal
 from chatfleet.engine.models.fp8_format import E4M3_MAX
+from chatfleet.engine.models.huge_pages import zeroed_pieces
 from chatfleet.engine.models.paged_decode_cpu import store_kv, store_kv_fp8
 
 FP8 = torch.float8_e4m3fn
@@ -49,6 +52,23 @@ class KVCache:
         shape = (num_kv_heads, num_blocks, block_size, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device), k_scale, v_scale)
+
+    @classmethod
+    def allocate_many(cls, shapes: Sequence[tuple[int, int, int, int]], dtype: torch.dtype,
+                      device: torch.device | str, scales: Sequence[tuple[float, float]]) -> list[KVCache]:
+        """One cache per (num_blocks, block_size, num_kv_heads, head_dim) with its (k_scale,
+        v_scale), every K and V a view of one zeroed buffer: on the CPU 2 MiB aligned and on huge
+        pages where the kernel allows (``huge_pages.py``: scattered blocks miss the TLB less)."""
+        if len(shapes) != len(scales):
+            raise ValueError(f"{len(shapes)} shapes but {len(scales)} scale pairs")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        pieces = zeroed_pieces([math.prod(s) * itemsize for s in shapes for _ in range(2)], device)
+        caches = []
+        for i, (shape, (k_scale, v_scale)) in enumerate(zip(shapes, scales, strict=True)):
+            blocks, block_size, heads, head_dim = shape
+            key, value = (pieces[2 * i + j].view(dtype).view(heads, blocks, block_size, head_dim) for j in (0, 1))
+            caches.append(cls(key, value, k_scale, v_scale))
+        return caches
 
     @property
     def is_fp8(self) -> bool:

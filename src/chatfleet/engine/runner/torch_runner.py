@@ -175,11 +175,12 @@ class TorchRunner:
         if group_blocks is not None:  # the longest request: what a full-attention pool holds
             self._num_blocks = min((group_blocks[g.name] for g in self.kv_spec.groups if not g.is_sliding),
                                    default=blocks)
-        for g in self.kv_spec.groups:
-            for i in g.layer_indices:
-                n = group_blocks[g.name] if group_blocks is not None else blocks
-                self.kv_caches[i] = KVCache.allocate(n, block_size, g.num_kv_heads, g.head_dim,
-                                                     kv_dtype, self.device, scales.k[i], scales.v[i])
+        layers = [(i, (group_blocks[g.name] if group_blocks is not None else blocks, block_size, g.num_kv_heads,
+                       g.head_dim)) for g in self.kv_spec.groups for i in g.layer_indices]
+        allocated = KVCache.allocate_many([shape for _, shape in layers], kv_dtype, self.device,
+                                          [(scales.k[i], scales.v[i]) for i, _ in layers])
+        for (i, _), cache in zip(layers, allocated, strict=True):
+            self.kv_caches[i] = cache
         device_caches = [c for c in self.kv_caches if c is not None]
         self.host_kv = (HostKVTransfer(device_caches, num_host_blocks, copy_engine) if num_host_blocks > 0
                         else None)
