@@ -61,3 +61,10 @@ def test_caches_allocated_together_are_independent_views_of_their_shapes():
     assert not caches[0].key.any() and not caches[1].key.any() and not caches[1].value.any()
     with pytest.raises(ValueError):
         KVCache.allocate_many(shapes, torch.bfloat16, "cpu", [(1.0, 1.0)])
+
+
+@pytest.mark.skipif(m.thp_mode() != "madvise", reason="THP is not in madvise mode here")
+def test_the_switch_keeps_small_pages(monkeypatch):
+    monkeypatch.setenv("CHATFLEET_NO_HUGE_PAGES", "1")
+    (piece,) = m.zeroed_pieces([16 * m.HUGE_PAGE])
+    assert m.huge_page_bytes(piece) == 0

@@ -13,7 +13,8 @@ Linux backs a region with huge pages on first touch when it is 2 MiB aligned and
 ``MADV_HUGEPAGE``. So: one uint8 buffer with 2 MiB of slack, its first 2 MiB boundary as the start,
 ``madvise`` there before anything touches it, then zeroed and cut into the pieces asked for (each
 64-byte aligned). Where THP is ``never``, not Linux, or ``madvise`` fails, the same buffer works on
-small pages. ``huge_page_bytes`` reads ``/proc/self/smaps`` to tell how much of a tensor got them.
+small pages (and so does ``CHATFLEET_NO_HUGE_PAGES=1``, for A/B runs). ``huge_page_bytes`` reads
+``/proc/self/smaps`` to tell how much of a tensor got them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,7 +73,8 @@ def zeroed_pieces(sizes: Sequence[int], device: torch.device | str = "cpu") -> l
     for s in sizes:
         offsets.append(total)
         total += -(-s // ALIGN) * ALIGN
-    huge = thp_mode() in ("always", "madvise") and total >= HUGE_PAGE
+    huge = (thp_mode() in ("always", "madvise") and total >= HUGE_PAGE
+            and os.environ.get("CHATFLEET_NO_HUGE_PAGES", "") in ("", "0"))
     slack = HUGE_PAGE if huge else 0
     buf = torch.empty(total + slack, dtype=torch.uint8)
     start = 0
