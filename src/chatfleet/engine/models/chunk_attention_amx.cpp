@@ -18,14 +18,13 @@
 // a chunk gives the same bits however the prompt was cut into chunks (keys past a column's
 // position add exact zeros, and a block it sees none of leaves its state as it was).
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "bf16_bits.h"
 #include "vec_exp2.h"
 
@@ -50,23 +49,8 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 #if CF_HAVE_AMX
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 void configure_tiles() {  // every tile 16 rows x 64 bytes
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
-    cfg.rows[i] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  cf_amx::configure({16, 16, 16, 16, 16, 16, 16, 16});
 }
 
 using cf_vec::exp2_nonpositive;  // vec_exp2.h
@@ -326,9 +310,7 @@ void attend_group(const Shapes& s, int64_t h, int64_t first, int64_t count, cons
 // 0: AMX tiles usable in this process; 1: not built for AMX; 2: the kernel refused the permission.
 extern "C" int cf_amx_init() {
 #if CF_HAVE_AMX
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 ? 0 : 2;
+  return cf_amx::request_tile_state() ? 0 : 2;
 #else
   return 1;
 #endif

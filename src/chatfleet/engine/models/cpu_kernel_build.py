@@ -1,7 +1,7 @@
 """How the CPU kernels (``paged_decode_cpu``, ``qk_norm_rope``, ``row_ops``, ``chunk_attention_amx``,
 ``chunk_attention_avx512``) are built and loaded: each is one C++ file, built with the system's
 C++ compiler at first use (``$CXX``, else g++, c++ or clang++), cached by a hash of its source
-(with the headers it includes from its folder: ``bf16_bits.h``, ``vec_exp2.h``, shared by several),
+(with the headers it includes from its folder: ``bf16_bits.h``, ``vec_exp2.h``, ``amx_tiles.h``, shared by several),
 the compiler (path and ``--version``), the flags and the CPU (``-march=native`` depends on it) under
 ``$CHATFLEET_CACHE/kernels`` (default ``~/.cache/chatfleet/kernels``), and loaded with ctypes: no
 torch headers, so no extension build.

@@ -20,13 +20,12 @@
 // TDPBF16PS rounds a k pair's two products as oneDNN's own AMX kernels do, which VDPBF16PS does
 // not: on an AMX Xeon oneDNN's bf16 product of these weights uses AMX, and these sums are its bits.
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "bf16_bits.h"
 
 namespace {
@@ -226,27 +225,12 @@ bool g_amx_on = true;  // bf16 sums on AMX where granted (cf_packed_use_amx swit
 
 #if CF_HAVE_AMX
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Tiles 0-3: sums (row tile i of two, 16-output half j of a 32-output slice: tile 2i + j); 4-5:
 // the rows' k step (row tile i); 6-7: the weight's k step (half j). Row tile 0 holds rows0 rows,
 // row tile 1 rows1 (0: unused).
 inline void configure_amx(int rows0, int rows1) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  const int rows_of[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows_of[t] ? rows_of[t] : 1);
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  const auto r0 = static_cast<uint8_t>(rows0), r1 = static_cast<uint8_t>(rows1);
+  cf_amx::configure({r0, r0, r1, r1, r0, r1, 16, 16});
 }
 
 // The float32 sums of up to 32 rows (xs[0] onwards, rows x_stride values apart, `tail` holding the
@@ -268,7 +252,7 @@ inline void amx_block_sums(float* sums, const uint16_t* w, const uint16_t* x, in
     _tile_zero(3);
     for (int64_t k0 = 0; k0 < k_padded; k0 += 32) {
       const uint16_t* wk = w + k0 * BN + 2 * s0;  // pair k0 / 2's row of the block, at output s0
-      _mm_prefetch(reinterpret_cast<const char*>(wk + 64 * BN), _MM_HINT_T0);  // 4 k steps on
+      _mm_prefetch(reinterpret_cast<const char*>(wk + 64 * BN), _MM_HINT_T0);  // a line of the step 2 on
       if (k0 < full) {
         _tile_loadd(4, x + k0, x_stride * 2);
         if (two) _tile_loadd(5, x + 16 * x_stride + k0, x_stride * 2);
@@ -322,10 +306,10 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
   // AMX product takes
   const bool amx = sizeof(T) == 2 && g_amx_granted && g_amx_on && k_padded == (k + 31) / 32 * 32;
   alignas(64) uint16_t tail[MAX_ROWS * 32];  // the rows' last k step, zero-padded (AMX)
-  if (amx) {
+  if (amx && k % 32) {  // only then is the tail read, and only its first `rows` rows
     const int64_t full = k / 32 * 32;
-    std::memset(tail, 0, sizeof tail);
-    for (int64_t r = 0; r < rows && full < k; ++r)
+    std::memset(tail, 0, sizeof(uint16_t) * 32 * rows);
+    for (int64_t r = 0; r < rows; ++r)
       std::memcpy(tail + 32 * r, reinterpret_cast<const uint16_t*>(x + r * x_stride) + full, 2 * (k - full));
   }
   auto configure_pass = [rows](int64_t r0) {  // tiles for rows r0 .. r0 + 31
@@ -398,9 +382,7 @@ extern "C" {
 // built for AMX (no AMX here); 2: the OS refused.
 int cf_packed_amx_init() {
 #if CF_HAVE_AMX
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  g_amx_granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  g_amx_granted = cf_amx::request_tile_state();
   return g_amx_granted ? 0 : 2;
 #else
   return 1;

@@ -1,0 +1,44 @@
+// AMX tile state, shared by the AMX kernels (chunk_attention_amx.cpp, packed_gemv_cpu.cpp): asking
+// Linux for it once per process, and loading a tile configuration in a thread.
+#pragma once
+
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace cf_amx {
+
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: true where the OS grants this process AMX tile data.
+inline bool request_tile_state() {
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#if defined(__AMX_TILE__)
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Palette 1, tiles 0-7 each rows[t] rows of 64 bytes (a row count of 0 is taken as 1: the tile is
+// configured but not meant to be used).
+inline void configure(const uint8_t (&rows)[8]) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = rows[t] ? rows[t] : 1;
+  }
+  _tile_loadconfig(&cfg);
+}
+#endif
+
+}  // namespace cf_amx
