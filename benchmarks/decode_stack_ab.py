@@ -2,11 +2,13 @@
 two alternating step by step over the same sequences, so a slow minute of a shared machine falls on
 both. ``--switch stack`` (the default): the layers in one C++ call (models/decode_stack.py) against
 the model's modules. ``--switch amx``: the packed decode linears' bf16 sums on AMX tiles against
-AVX-512 (models/packed_gemv.py; an AMX CPU, bf16 only; the stack on for both).
+AVX-512 (models/packed_gemv.py; an AMX CPU, bf16 only; the stack on for both). ``--switch
+attention``: bf16 paged decode attention on AMX tiles against AVX-512 (models/paged_decode_amx.h).
 
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --batch 1 8 32
     python benchmarks/decode_stack_ab.py --dtype float32 --threads 1 --steps 80
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch amx
+    python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch attention --context 2000
 
 Per batch: the median step with it on and off (wall, ms), their ratio and the time saved. Prints a
 table and writes JSON (with the machine: CPU model, flags, threads, load) to benchmarks/results/.
@@ -27,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chatfleet.engine.builtin_models.tiny import resolve_model
-from chatfleet.engine.models import packed_gemv
+from chatfleet.engine.models import packed_gemv, paged_decode_cpu
 from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
@@ -44,7 +46,7 @@ WARMUP = 6  # steps (3 of each) not counted: the first stack step builds its lib
 def _switch(runner: TorchRunner, what: str, on: bool) -> None:
     if what == "stack":
         runner.model.decode_stack_enabled = on
-    elif packed_gemv.use_amx(on) != on:
+    elif (paged_decode_cpu.use_amx(on) if what == "attention" else packed_gemv.use_amx(on)) != on:
         sys.exit("AMX does not run here: no AMX on this CPU, or the OS refused its tile state")
 
 
@@ -86,8 +88,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=530)
     ap.add_argument("--steps", type=int, default=60, help="decode steps per batch, half of them each way")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--switch", choices=("stack", "amx"), default="stack",
-                    help="stack: one C++ call vs the modules; amx: bf16 linears on AMX tiles vs AVX-512")
+    ap.add_argument("--switch", choices=("stack", "amx", "attention"), default="stack",
+                    help="stack: one C++ call vs the modules; amx: bf16 linears on AMX tiles vs AVX-512; "
+                         "attention: bf16 decode attention on AMX tiles vs AVX-512")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype)
@@ -99,7 +102,8 @@ def main() -> None:
     machine = describe_machine(threads_used=torch.get_num_threads())
     dtype = str(loaded.dtype).removeprefix("torch.")
     on, off = ("stack", "modules") if args.switch == "stack" else ("AMX", "AVX-512")
-    what = "layers in one C++ call vs the modules" if args.switch == "stack" else "bf16 linears on AMX vs AVX-512"
+    what = {"stack": "layers in one C++ call vs the modules", "amx": "bf16 linears on AMX vs AVX-512",
+            "attention": "bf16 decode attention on AMX vs AVX-512"}[args.switch]
     table = Table(title=f"decode step, {what}: {args.model} {dtype}, {torch.get_num_threads()} thread(s), "
                         f"context ~{args.context}, {one_line(machine)}")
     for col in ("batch", f"{on} ms", f"{off} ms", f"{on} / {off}", "saved ms"):

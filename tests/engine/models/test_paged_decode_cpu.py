@@ -87,6 +87,86 @@ def test_supports_only_what_it_implements():
     assert not pdc.supports(torch.zeros(1, 8, 64, dtype=torch.float16), fp8)
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = open("/proc/cpuinfo").read()  # noqa: SIM115 - one read
+    except OSError:
+        return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+amx_only = pytest.mark.skipif(not pdc.amx_in_use(), reason="no AMX here (or the OS refused its tile state)")
+
+
+@pytest.fixture(params=[True, False], ids=["amx", "avx512"])
+def amx(request):
+    """Each test once with bf16 decode on AMX tiles (where in use here) and once on AVX-512."""
+    if request.param and not pdc.amx_in_use():
+        pytest.skip("no AMX here (or the OS refused its tile state)")
+    pdc.use_amx(request.param)
+    yield request.param
+    pdc.use_amx(True)
+
+
+@pytest.mark.skipif("amx_bf16" not in _cpu_flags(), reason="the CPU has no AMX")
+def test_bf16_decode_takes_amx_tiles_where_the_cpu_has_them():
+    assert pdc.amx_in_use()
+    assert not pdc.use_amx(False) and not pdc.amx_in_use()
+    assert pdc.use_amx(True)
+
+
+@amx_only
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"),
+                         [(8, 2, 64), (4, 4, 128), (16, 2, 64), (8, 1, 256), (8, 4, 64), (16, 8, 128)])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_on_amx_and_on_avx512_both_match_the_reference(num_heads, num_kv_heads, head_dim, block_size, threads):
+    lens = [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 500, 1000]
+    q, key, value, _, tables, ctx = case(torch.bfloat16, len(lens), num_heads, num_kv_heads, head_dim, lens,
+                                         block_size=block_size, seed=5)
+    ref = pdc.paged_decode_reference(q, key, value, tables, ctx, head_dim**-0.5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    outs = {}
+    try:
+        for on in (True, False):
+            assert pdc.use_amx(on) == on
+            outs[on] = pdc.paged_decode(q, key, value, tables, ctx, head_dim**-0.5)
+    finally:
+        pdc.use_amx(True)
+        torch.set_num_threads(before)
+    for out in outs.values():
+        torch.testing.assert_close(out.float(), ref.float(), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+    assert not torch.equal(outs[True], outs[False])  # the switch switches: AMX weighs V with bf16 numerators
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(dtype, amx):
+    lens = [700, 3, 129, 48]
+    q, key, value, _, tables, ctx = case(dtype, len(lens), 8, 2, 64, lens, seed=7)
+    together = pdc.paged_decode(q, key, value, tables, ctx, 0.125)
+    for b in range(len(lens)):
+        alone = pdc.paged_decode(q[b : b + 1], key, value, tables[b : b + 1], ctx[b : b + 1], 0.125)
+        assert torch.equal(alone, together[b : b + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_slots_past_a_context_are_never_weighed(dtype, block_size, amx):
+    """Every cache slot outside the sequences' contexts (the rest of their last blocks, other blocks)
+    holding NaN changes no bit of the output."""
+    lens = [17, 40, 5, 64, 33]
+    q, key, value, lists, tables, ctx = case(dtype, len(lens), 8, 2, 64, lens, block_size=block_size, seed=9)
+    clean = pdc.paged_decode(q, key, value, tables, ctx, 0.125)
+    used = torch.zeros(key.shape[1] * block_size, dtype=torch.bool)
+    for blocks, n in zip(lists, lens, strict=True):
+        for i in range(n):
+            used[blocks[i // block_size] * block_size + i % block_size] = True
+    stale = ~used.view(key.shape[1], block_size)
+    key[:, stale], value[:, stale] = float("nan"), float("nan")
+    assert torch.equal(pdc.paged_decode(q, key, value, tables, ctx, 0.125), clean)
+
+
 FINITE_E4M3 = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)  # 0x7f/0xff: NaN
 # what the KV cache holds (kv_cache.quantize_fp8): zero and normal codes, no subnormals
 CACHE_E4M3 = torch.tensor([c for c in FINITE_E4M3.tolist() if c & 0x78 or not c & 0x7F], dtype=torch.uint8)

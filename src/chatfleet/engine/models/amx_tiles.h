@@ -1,5 +1,6 @@
-// AMX tile state, shared by the AMX kernels (chunk_attention_amx.cpp, packed_gemv_cpu.cpp): asking
-// Linux for it once per process, and loading a tile configuration in a thread.
+// AMX tile state, shared by the AMX kernels (chunk_attention_amx.cpp, packed_gemv_cpu.cpp,
+// paged_decode_amx.h): asking Linux for it once per process, and loading a tile configuration in
+// a thread.
 #pragma once
 
 #include <immintrin.h>
@@ -27,18 +28,25 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// Palette 1, tiles 0-7 each rows[t] rows of 64 bytes (a row count of 0 is taken as 1: the tile is
-// configured but not meant to be used).
-inline void configure(const uint8_t (&rows)[8]) {
+// Palette 1, tiles 0-7 each rows[t] rows of colsb[t] bytes (a row count of 0 is taken as 1: the
+// tile is configured but not meant to be used).
+inline void configure(const uint8_t (&rows)[8], const uint16_t (&colsb)[8]) {
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof cfg);
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
+    cfg.colsb[t] = colsb[t];
     cfg.rows[t] = rows[t] ? rows[t] : 1;
   }
+  // GCC does not count ldtilecfg as reading all 64 bytes: with constant rows and widths it dropped
+  // the stores of colsb and rows as dead (ldtilecfg then faults on the stale bytes); the empty asm
+  // makes them visible.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
+
+// Every tile rows[t] rows of 64 bytes.
+inline void configure(const uint8_t (&rows)[8]) { configure(rows, {64, 64, 64, 64, 64, 64, 64, 64}); }
 #endif
 
 }  // namespace cf_amx

@@ -55,11 +55,18 @@ _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 def source_text(source: Path) -> str:
     """``source`` and, after it, each header it includes with quotes from its own folder (the
-    kernels' shared ``bf16_bits.h`` and ``vec_exp2.h``), so that a header's change rebuilds every
-    kernel using it."""
-    text = source.read_text()
-    headers = [source.parent / name for name in _LOCAL_INCLUDE.findall(text)]
-    return "\n".join([text, *(h.read_text() for h in headers if h.is_file())])
+    kernels' shared ``bf16_bits.h`` and ``vec_exp2.h``), and the headers those include, each once,
+    so that a header's change rebuilds every kernel using it."""
+    texts, seen, todo = [], {source.name}, [source]
+    while todo:
+        text = todo.pop(0).read_text()
+        texts.append(text)
+        for name in _LOCAL_INCLUDE.findall(text):
+            header = source.parent / name
+            if name not in seen and header.is_file():
+                seen.add(name)
+                todo.append(header)
+    return "\n".join(texts)
 
 
 def build_library(cxx: str, source: Path, flags: tuple[str, ...], link_flags: tuple[str, ...]) -> Path:

@@ -16,9 +16,22 @@
 #include <vector>
 
 #include "bf16_bits.h"
+#include "paged_decode_amx.h"
 #include "vec_exp2.h"
 
 namespace {
+
+bool g_amx_granted = false;  // the OS granted AMX tile state (cf_paged_amx_init)
+bool g_amx_on = true;        // bf16 over a bf16 cache on AMX tiles where granted (cf_paged_use_amx switches)
+
+// Per thread: the AVX-512 paths' scores and, where built, the AMX path's buffers.
+struct Workspace {
+  std::vector<float> scores;
+#if CF_PAGED_AMX
+  cf_paged_amx::Scratch amx;
+  bool tiles_used = false;
+#endif
+};
 
 // One e4m3 code (s eeee mmm, exponent bias 7, no infinities) as its exact float32 value: normal
 // codes by moving the bits (exponent rebased 7 -> 127), zero and subnormal codes as m * 2^-9.
@@ -555,7 +568,24 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
 // caller takes attend_one).
 template <typename T, typename C, int D>
 bool attend_fast(int group, const T* q, const C* key, const C* value, T* out, const int64_t* table, int64_t ctx,
-                 int64_t head_offset, int block_size, float scale, float v_scale, std::vector<float>& scores) {
+                 int64_t head_offset, int block_size, float scale, float v_scale, Workspace& ws) {
+#if CF_PAGED_AMX
+  if constexpr (std::is_same_v<T, uint16_t> && std::is_same_v<C, uint16_t> && (D == 64 || D == 128 || D == 256)) {
+    if (g_amx_granted && g_amx_on && block_size % 16 == 0) {
+      const uint16_t* k = key + head_offset * D;
+      const uint16_t* v = value + head_offset * D;
+      ws.tiles_used = true;
+      switch (group) {
+        case 1: cf_paged_amx::attend<D, 1>(q, k, v, out, table, ctx, block_size, scale, ws.amx); return true;
+        case 2: cf_paged_amx::attend<D, 2>(q, k, v, out, table, ctx, block_size, scale, ws.amx); return true;
+        case 4: cf_paged_amx::attend<D, 4>(q, k, v, out, table, ctx, block_size, scale, ws.amx); return true;
+        case 8: cf_paged_amx::attend<D, 8>(q, k, v, out, table, ctx, block_size, scale, ws.amx); return true;
+        default: break;
+      }
+    }
+  }
+#endif
+  std::vector<float>& scores = ws.scores;
 #if CF_HAVE_AVX512
   constexpr bool cache_ok = std::is_same_v<C, T> || CF_HAVE_FP8_VEC;
   if constexpr (cache_ok && (D == 64 || D == 128 || D == 256)) {
@@ -582,19 +612,22 @@ void run(const T* q, const C* key, const C* value, T* out, const int64_t* block_
   const int64_t items = batch * num_kv_heads;
 #pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
   {
-    std::vector<float> scores;
+    Workspace ws;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = item / num_kv_heads, h = item % num_kv_heads;
       const int64_t qoff = (b * num_heads + h * group) * head_dim;
       if (attend_fast<T, C, D>(static_cast<int>(group), q + qoff, key, value, out + qoff,
                                block_tables + b * table_width, context_lens[b], h * num_blocks * block_size,
-                               static_cast<int>(block_size), scale, v_scale, scores))
+                               static_cast<int>(block_size), scale, v_scale, ws))
         continue;
       attend_one<T, C, D>(q + qoff, key, value, out + qoff, block_tables + b * table_width, context_lens[b],
                           static_cast<int>(group), h * num_blocks * block_size, static_cast<int>(block_size),
-                          scale, v_scale, scores, static_cast<int>(head_dim));
+                          scale, v_scale, ws.scores, static_cast<int>(head_dim));
     }
+#if CF_PAGED_AMX
+    if (ws.tiles_used) _tile_release();
+#endif
   }
 }
 
@@ -618,6 +651,24 @@ int dispatch(const T* q, const void* key, const void* value, T* out, const int64
 }  // namespace
 
 extern "C" {
+
+// 0: bf16 decode over a bf16 cache may run on AMX tiles in this process; 1: not built for AMX; 2:
+// the OS refused the tile state.
+int cf_paged_amx_init() {
+#if CF_PAGED_AMX
+  g_amx_granted = cf_amx::request_tile_state();
+  return g_amx_granted ? 0 : 2;
+#else
+  return 1;
+#endif
+}
+
+// Switch bf16 decode over a bf16 cache to AMX (1, only where cf_paged_amx_init granted it) or to
+// AVX-512 (0); -1 leaves it. Returns whether AMX is now in use.
+int cf_paged_use_amx(int on) {
+  if (on >= 0) g_amx_on = on != 0;
+  return g_amx_granted && g_amx_on ? 1 : 0;
+}
 
 // Returns 0 on success, nonzero where the shape is not supported (the caller falls back).
 // fp8: key/value hold e4m3 codes, read as code * k_scale and code * v_scale (else both scales

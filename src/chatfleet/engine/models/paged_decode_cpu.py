@@ -22,6 +22,16 @@ torch has more than one thread), cached by a hash of its source, compiler and CP
 build fails, the caller keeps the torch-op path (``available()`` is False; one log line says why);
 ``CHATFLEET_NO_CPU_KERNEL=1`` keeps it off, and ``CXX`` names another compiler.
 
+On an AMX CPU (Intel Xeon, ``amx_bf16``), bf16 queries over a bf16 cache with a head dim of 64,
+128 or 256 and a block size that is a multiple of 16 run on AMX tiles instead (``paged_decode_amx.h``):
+16 keys of a block are one tile as they lie, dotted with the group's query heads as the other
+operand; the softmax numerators are rounded to bf16 (as the chunk kernels round theirs) and V's
+rows, paired by key, are weighed 32 keys a tile product. AMX Xeon, whole bf16 decode steps of
+``small`` (``benchmarks/decode_stack_ab.py --switch attention``), against AVX-512: b32 x 530
+tokens 0.74x-0.79x (1 and 2 threads), b8 x 2,000 tokens 0.68x. ``use_amx`` switches it, for A/B
+runs and tests; its bits differ from AVX-512's (the bf16 numerators), each within the reference's
+tolerance.
+
 An FP8 cache (e4m3 codes, read as ``code * k_scale`` and ``code * v_scale``) takes the same kernel:
 each run of 16 key rows is widened exactly into a small buffer of the query's dtype, each V row as
 it is read, so a decode reads half a bf16 cache's bytes (the torch-op path instead gathers,
@@ -75,6 +85,10 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     store8.restype = ctypes.c_int
     store8.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
                        + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_float, ctypes.c_float])
+    lib.cf_paged_amx_init.restype = ctypes.c_int
+    lib.cf_paged_use_amx.restype = ctypes.c_int
+    lib.cf_paged_use_amx.argtypes = (ctypes.c_int,)
+    lib.cf_paged_amx_init()  # bf16 over a bf16 cache on AMX tiles where the CPU has them and the OS grants them
     return None
 
 
@@ -91,6 +105,21 @@ def address(symbol: str) -> int | None:
     """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
     code), or None where the library is not loaded here."""
     return _LOADER.address(symbol)
+
+
+def amx_in_use() -> bool:
+    """Whether bf16 decode over a bf16 cache runs on AMX tiles here (the CPU has AMX, the OS granted
+    its tile state and ``use_amx`` did not switch it off; block sizes that are multiples of 16, head
+    dims 64, 128 and 256); else on AVX-512."""
+    lib = _LOADER.load()
+    return lib is not None and lib.cf_paged_use_amx(-1) == 1
+
+
+def use_amx(on: bool) -> bool:
+    """Switch bf16 decode over a bf16 cache to AMX tiles (where granted) or to AVX-512, for paired
+    A/B measurements and tests; returns whether AMX is now in use."""
+    lib = _LOADER.load()
+    return lib is not None and lib.cf_paged_use_amx(int(on)) == 1
 
 
 def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
