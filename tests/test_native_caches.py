@@ -63,5 +63,6 @@ def test_widen_raises_only_what_chatfleet_set_in_this_or_a_parent_process():
 def test_memory_stays_flat_as_kernel_shapes_keep_changing():
     env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
     growth = rss_growth_mb(env)
-    # bounded: ~30 MB (allocator noise); unbounded (the libraries' default, 1,024 entries each): ~440 MB
-    assert growth < 100, f"RSS grew {growth:.0f} MB over 500 new shapes with the caches bounded"
+    # bounded: ~3-30 MB (allocator noise), once 107 MB inside a full suite run on an AMX Xeon;
+    # unbounded (the libraries' default, 1,024 entries each): 420-440 MB
+    assert growth < 200, f"RSS grew {growth:.0f} MB over 500 new shapes with the caches bounded"
