@@ -19,6 +19,22 @@ inline bool request_tile_state() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+// Whether a kernel library's AMX path runs: granted (the OS gave this process tile state: init) and
+// on (switched off and on again for paired A/B runs and tests: use). One per library.
+struct Switch {
+  bool granted = false;
+  bool on = true;
+  int init() {  // 0: granted; 2: the OS refused
+    granted = request_tile_state();
+    return granted ? 0 : 2;
+  }
+  int use(int want) {  // 1: on, 0: off, -1: as it is; returns whether the AMX path runs now
+    if (want >= 0) on = want != 0;
+    return active() ? 1 : 0;
+  }
+  bool active() const { return granted && on; }
+};
+
 #if defined(__AMX_TILE__)
 struct alignas(64) TileConfig {
   uint8_t palette_id;

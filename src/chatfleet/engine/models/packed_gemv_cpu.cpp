@@ -220,8 +220,7 @@ inline __m512 onednn_swish(__m512 x) {
 #define CF_HAVE_AMX 0
 #endif
 
-bool g_amx_granted = false;  // the OS granted AMX tile state (cf_packed_amx_init)
-bool g_amx_on = true;  // bf16 sums on AMX where granted (cf_packed_use_amx switches)
+cf_amx::Switch g_amx;  // bf16 sums on AMX tiles (cf_packed_amx_init grants, cf_packed_use_amx switches)
 
 #if CF_HAVE_AMX
 
@@ -304,7 +303,7 @@ void linear_blocks(const T* x, int64_t rows, int64_t x_stride, const T* w, int64
 #if CF_HAVE_AMX
   // AMX: bf16 only, and the k steps the packing pads to (32 values) must be the ones oneDNN's own
   // AMX product takes
-  const bool amx = sizeof(T) == 2 && g_amx_granted && g_amx_on && k_padded == (k + 31) / 32 * 32;
+  const bool amx = sizeof(T) == 2 && g_amx.active() && k_padded == (k + 31) / 32 * 32;
   alignas(64) uint16_t tail[MAX_ROWS * 32];  // the rows' last k step, zero-padded (AMX)
   if (amx && k % 32) {  // only then is the tail read, and only its first `rows` rows
     const int64_t full = k / 32 * 32;
@@ -382,8 +381,7 @@ extern "C" {
 // built for AMX (no AMX here); 2: the OS refused.
 int cf_packed_amx_init() {
 #if CF_HAVE_AMX
-  g_amx_granted = cf_amx::request_tile_state();
-  return g_amx_granted ? 0 : 2;
+  return g_amx.init();
 #else
   return 1;
 #endif
@@ -393,13 +391,7 @@ int cf_packed_amx_init() {
 // switch to AMX (1, only where cf_packed_amx_init granted it) or to AVX-512 (0), -1 leaves it.
 // For paired A/B measurements and tests; not thread-safe against a running product.
 int cf_packed_use_amx(int on) {
-#if CF_HAVE_AMX
-  if (on >= 0) g_amx_on = on != 0;
-  return g_amx_granted && g_amx_on ? 1 : 0;
-#else
-  (void)on;
-  return 0;
-#endif
+  return g_amx.use(on);  // never granted where not built for AMX: 0
 }
 
 // out[rows, n] = swish?(x[rows, k] W^T (+ bias)) (* mul[rows, n]), W as oneDNN packed it (blocks

@@ -15,14 +15,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "bf16_bits.h"
 #include "paged_decode_amx.h"
 #include "vec_exp2.h"
 
 namespace {
 
-bool g_amx_granted = false;  // the OS granted AMX tile state (cf_paged_amx_init)
-bool g_amx_on = true;        // bf16 over a bf16 cache on AMX tiles where granted (cf_paged_use_amx switches)
+cf_amx::Switch g_amx;  // bf16 over a bf16 cache on AMX tiles (cf_paged_amx_init grants, cf_paged_use_amx switches)
 
 // Per thread: the AVX-512 paths' scores and, where built, the AMX path's buffers.
 struct Workspace {
@@ -571,7 +571,7 @@ bool attend_fast(int group, const T* q, const C* key, const C* value, T* out, co
                  int64_t head_offset, int block_size, float scale, float v_scale, Workspace& ws) {
 #if CF_PAGED_AMX
   if constexpr (std::is_same_v<T, uint16_t> && std::is_same_v<C, uint16_t> && (D == 64 || D == 128 || D == 256)) {
-    if (g_amx_granted && g_amx_on && block_size % 16 == 0) {
+    if (g_amx.active() && block_size % 16 == 0) {
       const uint16_t* k = key + head_offset * D;
       const uint16_t* v = value + head_offset * D;
       ws.tiles_used = true;
@@ -656,8 +656,7 @@ extern "C" {
 // the OS refused the tile state.
 int cf_paged_amx_init() {
 #if CF_PAGED_AMX
-  g_amx_granted = cf_amx::request_tile_state();
-  return g_amx_granted ? 0 : 2;
+  return g_amx.init();
 #else
   return 1;
 #endif
@@ -666,8 +665,7 @@ int cf_paged_amx_init() {
 // Switch bf16 decode over a bf16 cache to AMX (1, only where cf_paged_amx_init granted it) or to
 // AVX-512 (0); -1 leaves it. Returns whether AMX is now in use.
 int cf_paged_use_amx(int on) {
-  if (on >= 0) g_amx_on = on != 0;
-  return g_amx_granted && g_amx_on ? 1 : 0;
+  return g_amx.use(on);  // never granted where not built for AMX: 0
 }
 
 // Returns 0 on success, nonzero where the shape is not supported (the caller falls back).
