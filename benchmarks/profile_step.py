@@ -13,8 +13,11 @@ Two views, both re-runnable on any machine:
     scheduler, detokenizer/output, HTTP path and event loop).
 
 Workloads: decode = 32 streams, ~32-token prompts, 64 output tokens (steps after every prompt is
-in); prefill = 4 x ~2,000-token prompts, 4 output tokens. Prints tables and writes JSON (with the
-machine) to benchmarks/results/.
+in); prefill = 4 x ~2,000-token prompts, 4 output tokens; returning (in process only) = 48
+conversations whose ~500-token first turns (unmeasured) come back with their 16-token replies and
+40 new tokens, one joining per step, 16 output tokens: the prefix-cache-hit turns capacity.py's
+`all` runs at its knee, where most steps carry one turn's prompt chunk beside ~15 decode rows.
+Prints tables and writes JSON (with the machine) to benchmarks/results/.
 
   python benchmarks/profile_step.py                                   # float32 + bf16 (where native)
   python benchmarks/profile_step.py --dtypes float32 --skip-http --threads 1
@@ -57,11 +60,17 @@ class Workload:
     prompt_tokens: int
     output_tokens: int
     profile_steps: int | None  # decode-only steps to profile (None: every step of the run)
+    new_tokens: int = 0  # > 0: a returning turn (history + reply + this many new tokens) is measured
+    arrivals_per_step: int = 0  # > 0: the measured requests join this many a step (0: all at once)
 
 
 WORKLOADS = {
     "decode": Workload("decode", 32, 32, 64, profile_steps=16),
     "prefill": Workload("prefill", 4, 2000, 4, profile_steps=None),
+    # capacity.py's `all` at its knee: histories come back from the prefix cache, each turn prefills
+    # only its new tokens (~40) and decodes a short reply, and turns keep arriving, so a step is one
+    # turn's prompt chunk beside ~15 running replies' decode rows
+    "returning": Workload("returning", 48, 500, 16, profile_steps=None, new_tokens=40, arrivals_per_step=1),
 }
 
 # ---- in-process view ----------------------------------------------------------------------------
@@ -253,15 +262,27 @@ def build_engine(model: str, dtype: str, threads: int, kv_bytes: int = 256 << 20
                                cache=CacheConfig(memory_bytes=kv_bytes)))
 
 
-def _add(engine, w: Workload, tag: str, seed: int) -> None:  # noqa: ANN001
+def _requests(engine, w: Workload, tag: str, seed: int) -> list[tuple[str, list[int], object]]:  # noqa: ANN001
+    """The measured requests (id, prompt ids, sampling params); a returning workload's first turns
+    run here, unmeasured."""
     from chatfleet.engine.request import SamplingParams
 
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=w.output_tokens, min_tokens=w.output_tokens, ignore_eos=True,
                             temperature=0.0)
-    for i in range(w.streams):  # distinct prompts: nothing shared through the prefix cache
-        ids = [rng.randrange(3, engine.vocab_size) for _ in range(w.prompt_tokens)]
-        engine.add_request(f"{tag}-{i}", ids, params)
+    prompts = [[rng.randrange(3, engine.vocab_size) for _ in range(w.prompt_tokens)]  # distinct: nothing
+               for _ in range(w.streams)]                                           # shared by the cache
+    if w.new_tokens:  # the first turns, unmeasured; their histories come back with new tokens
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"{tag}-first-{i}", ids, params)
+        replies: dict[str, list[int]] = defaultdict(list)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                replies[out.request_id].extend(out.new_token_ids)
+        prompts = [ids + replies[f"{tag}-first-{i}"] + [rng.randrange(3, engine.vocab_size)
+                                                         for _ in range(w.new_tokens)]
+                   for i, ids in enumerate(prompts)]
+    return [(f"{tag}-{i}", ids, params) for i, ids in enumerate(prompts)]
 
 
 def _decoding(engine) -> bool:  # noqa: ANN001
@@ -271,10 +292,14 @@ def _decoding(engine) -> bool:  # noqa: ANN001
 
 def run_pass(engine, w: Workload, tag: str, seed: int, prof=None) -> dict:  # noqa: ANN001
     """Step the workload through; time (and, with `prof`, profile) the window it measures."""
-    _add(engine, w, tag, seed)
+    pending = _requests(engine, w, tag, seed)
     window: list[float] = []
     cpu: list[float] = []
-    while engine.has_unfinished_requests():
+    while pending or engine.has_unfinished_requests():
+        joining, pending = (pending, []) if not w.arrivals_per_step else (
+            pending[:w.arrivals_per_step], pending[w.arrivals_per_step:])
+        for rid, ids, params in joining:
+            engine.add_request(rid, ids, params)
         in_window = (w.profile_steps is None or (_decoding(engine) and len(window) < w.profile_steps))
         if in_window and prof is not None and not window:
             prof.__enter__()
@@ -293,7 +318,8 @@ def run_pass(engine, w: Workload, tag: str, seed: int, prof=None) -> dict:  # no
 
 def profile_in_process(model: str, dtype: str, threads: int, w: Workload) -> dict:
     engine = build_engine(model, dtype, threads)
-    _add(engine, Workload("warm", 2, 64, 4, None), "warm", 99)  # first-call set-up, not measured
+    for rid, ids, params in _requests(engine, Workload("warm", 2, 64, 4, None), "warm", 99):
+        engine.add_request(rid, ids, params)  # first-call set-up, not measured
     while engine.has_unfinished_requests():
         engine.step()
     plain = run_pass(engine, w, "plain", 1)
@@ -481,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             log_dir.mkdir(parents=True, exist_ok=True)
             for dtype in dtypes:
                 for w in workloads:
+                    if w.new_tokens:  # one-message chats over HTTP: no returning turns there
+                        continue
                     result["http"].append(profile_http(model_dir, dtype, args.threads, w, args.rate, log_dir))
             print_http(result["http"], console)
     result["machine"]["load_average_at_end"] = load_average()

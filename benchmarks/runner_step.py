@@ -7,6 +7,10 @@ each decode step against the machine's floor, measured here (cpu_floor.py).
 The floor: matmul peak for the dtype (a large GEMM's FLOP/s, same threads) and copy bandwidth
 (at the step's working-set size); a step's floor is max(bytes read / bandwidth, FLOPs / peak), and
 the table shows the measured step as a multiple of it (issue 20's target: within 2x at batch 32).
+On a shared host the floor moves between minutes (read bandwidth 22-39 GB/s an hour apart on one
+Xeon), so with `--rounds N` the floor is measured again after each round's steps and each round's
+step is divided by its own round's floor: the table shows the median of those ratios and their
+range, and the JSON keeps every round's floor.
 Prints a table and writes JSON (with the machine: CPU model, flags, threads, load) to
 benchmarks/results/. CPU time (process) is printed next to wall time: on a shared machine it
 shows the runner's own cost. `--no-floor` skips the floor measurement.
@@ -34,7 +38,7 @@ from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_floor import against_floor, decode_work, measure_floor  # noqa: E402
+from cpu_floor import Floor, StepWork, against_floor, decode_work, measure_floor  # noqa: E402
 from machine import describe_machine, one_line  # noqa: E402
 
 BLOCK = 16
@@ -72,6 +76,23 @@ def measure(runner: TorchRunner, batch: int, context: int, steps: int, params: S
     }
 
 
+def _against(got: dict, work: StepWork, floor: Floor) -> dict:
+    """One round's step against that round's floor (its CPU time too where one thread ran it)."""
+    cpu_s = got["decode_step_ms_cpu"] / 1e3 if floor.threads == 1 else None
+    return against_floor(got["decode_step_ms_wall"] / 1e3, work, floor, cpu_s)
+
+
+def _median_index(values: list[float]) -> int:
+    """The index of the median value (the lower middle one for an even count)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def _spread(f: dict) -> str:
+    low, high = f.get("step_over_floor_low"), f.get("step_over_floor_high")
+    return "" if low is None or high is None or low == high else f" ({low:.1f}-{high:.1f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
@@ -91,7 +112,7 @@ def main() -> None:
                          "builds); a comma list (torch,cpp) measures each on its own runner, interleaved")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every (decode kernel, batch) this many times, the kernels' order flipped "
-                         "each round; the table shows the median")
+                         "each round, and the floor again after each round; the table shows the medians")
     args = ap.parse_args()
     kernels = args.decode_kernel.split(",")
     if args.threads:
@@ -103,29 +124,36 @@ def main() -> None:
     runner = runners[0]
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
-    rounds: dict[tuple[int, int], list[dict]] = {}
-    for r in range(args.rounds):
-        for b in args.batch:
-            order = range(len(runners)) if r % 2 == 0 else reversed(range(len(runners)))
-            for i in order:
-                rounds.setdefault((i, b), []).append(
-                    measure(runners[i], b, args.context, args.steps, params, loaded.config.vocab_size))
-    rows = []
-    for (i, b), got in sorted(rounds.items()):
-        row = {key: statistics.median(g[key] for g in got) for key in got[0] if key not in ("batch", "context")}
-        rows.append({"batch": b, "context": args.context, "decode_kernel": runners[i].decode_kernel, **row,
-                     "rounds": got})
-    floor = None
+    works: dict[int, StepWork] = {}
     if not args.no_floor:
         kv_per_token = sum(2 * c.key.shape[0] * c.key.shape[3] * c.key.element_size()
                            for c in runner.kv_caches if c is not None)
         weight_bytes = 1.0 if args.quantization == "fp8" else torch.empty((), dtype=loaded.dtype).element_size()
         mid = args.context + args.steps // 2  # the context at the median step
         works = {b: decode_work(loaded.config, b, mid, weight_bytes, kv_per_token) for b in args.batch}
-        floor = measure_floor(loaded.dtype, max(w.bytes_read for w in works.values()))
-        for r in rows:
-            cpu_s = r["decode_step_ms_cpu"] / 1e3 if floor.threads == 1 else None
-            r["floor"] = against_floor(r["decode_step_ms_wall"] / 1e3, works[r["batch"]], floor, cpu_s)
+    rounds: dict[tuple[int, int], list[dict]] = {}
+    floors: list[Floor] = []  # one per round, measured right after that round's steps
+    for r in range(args.rounds):
+        for b in args.batch:
+            order = range(len(runners)) if r % 2 == 0 else reversed(range(len(runners)))
+            for i in order:
+                rounds.setdefault((i, b), []).append(
+                    measure(runners[i], b, args.context, args.steps, params, loaded.config.vocab_size))
+        if works:
+            floors.append(measure_floor(loaded.dtype, max(w.bytes_read for w in works.values())))
+    rows = []
+    for (i, b), got in sorted(rounds.items()):
+        row = {key: statistics.median(g[key] for g in got) for key in got[0] if key not in ("batch", "context")}
+        rows.append({"batch": b, "context": args.context, "decode_kernel": runners[i].decode_kernel, **row,
+                     "rounds": got})
+        if floors:
+            per_round = [_against(g, works[b], f) for g, f in zip(got, floors, strict=True)]
+            for g, verdict in zip(got, per_round, strict=True):
+                g["floor"] = verdict
+            ratios = sorted(v["step_over_floor"] for v in per_round)
+            rows[-1]["floor"] = {**per_round[_median_index([v["step_over_floor"] for v in per_round])],
+                                 "step_over_floor_low": ratios[0], "step_over_floor_high": ratios[-1]}
+    floor = floors[_median_index([f.bandwidth for f in floors])] if floors else None
 
     dtype = str(loaded.dtype).removeprefix("torch.")  # --dtype auto resolved
     precision = f"{dtype}, KV {args.kv_cache_dtype}, {args.rounds} round(s)"
@@ -145,10 +173,14 @@ def main() -> None:
         if floor is not None:
             f = r["floor"]
             cells += [f"{f['floor_ms']:.2f} ({f['bytes_bound_ms']:.2f} / {f['flops_bound_ms']:.2f})",
-                      f["bound_by"], f"{f['step_over_floor']:.1f}x / "
+                      f["bound_by"], f"{f['step_over_floor']:.1f}x{_spread(f)} / "
                       + ("-" if f["cpu_step_over_floor"] is None else f"{f['cpu_step_over_floor']:.1f}x")]
         table.add_row(*cells)
     Console(width=160).print(table)
+    if len(floors) > 1:
+        print("floor per round: " + ", ".join(
+            f"read {f.read_bytes_per_s / 1e9:.1f} GB/s, {f.matmul_flops_per_s / 1e9:.0f} GFLOP/s" for f in floors)
+            + "; each round's step is divided by its own round's floor (the table: the median ratio, its range)")
     if floor is not None:
         print(f"floor ({floor.dtype}, {floor.threads} threads): matmul {floor.matmul_flops_per_s / 1e9:.1f} GFLOP/s "
               f"(GEMM {floor.gemm_size}^3); at {floor.copy_working_set_bytes / 2**20:.0f} MiB copy "
@@ -163,6 +195,7 @@ def main() -> None:
                                 "threads": torch.get_num_threads(),
                                 "machine": machine,
                                 "loadavg": os.getloadavg(), "floor": floor.as_dict() if floor else None,
+                                "floors_per_round": [f.as_dict() for f in floors],
                                 "rows": rows}, indent=2))
     print(f"wrote {path}")
 
