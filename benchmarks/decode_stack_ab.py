@@ -4,11 +4,16 @@ both. ``--switch stack`` (the default): the layers in one C++ call (models/decod
 the model's modules. ``--switch amx``: the packed decode linears' bf16 sums on AMX tiles against
 AVX-512 (models/packed_gemv.py; an AMX CPU, bf16 only; the stack on for both). ``--switch
 attention``: bf16 paged decode attention on AMX tiles against AVX-512 (models/paged_decode_amx.h).
+``--switch prefetch``: the AVX-512 decode attention (float32; FP8 caches; bf16 without AMX) with its
+software prefetch of blocks that continue a run in memory against leaving those to the hardware
+prefetcher (paged_decode_cpu.prefetch_runs; on by default on Intel, off on AMD). The sequences'
+blocks lie in order here, as a prompt's blocks do.
 
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --batch 1 8 32
     python benchmarks/decode_stack_ab.py --dtype float32 --threads 1 --steps 80
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch amx
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch attention --context 2000
+    python benchmarks/decode_stack_ab.py --dtype float32 --switch prefetch --batch 8 32 --threads 1
 
 Per batch: the median step with it on and off (wall, ms), their ratio and the time saved. Prints a
 table and writes JSON (with the machine: CPU model, flags, threads, load) to benchmarks/results/.
@@ -46,6 +51,8 @@ WARMUP = 6  # steps (3 of each) not counted: the first stack step builds its lib
 def _switch(runner: TorchRunner, what: str, on: bool) -> None:
     if what == "stack":
         runner.model.decode_stack_enabled = on
+    elif what == "prefetch":
+        paged_decode_cpu.prefetch_runs(on)
     elif (paged_decode_cpu.use_amx(on) if what == "attention" else packed_gemv.use_amx(on)) != on:
         sys.exit("AMX does not run here: no AMX on this CPU, or the OS refused its tile state")
 
@@ -62,6 +69,7 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
         prompt = [rng.randrange(vocab) for _ in range(context)]
         runner.execute(SchedulerOutput([ScheduledChunk(ids[i], prompt, 0, tables[i], True, params, 0)]))
     times: dict[bool, list[float]] = {True: [], False: []}
+    default = paged_decode_cpu.prefetch_runs() if what == "prefetch" else True  # restored after
     try:
         for s in range(steps):
             on = s % 2 == 0
@@ -73,7 +81,7 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
             if s >= WARMUP:
                 times[on].append(time.perf_counter() - start)
     finally:
-        _switch(runner, what, True)
+        _switch(runner, what, default)
         runner.execute(SchedulerOutput([], finished_request_ids=ids))
     on_ms, off_ms = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
     return {"batch": batch, "context": context, "steps_each": len(times[True]), "switch": what, "on_ms": on_ms,
@@ -88,9 +96,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=530)
     ap.add_argument("--steps", type=int, default=60, help="decode steps per batch, half of them each way")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--switch", choices=("stack", "amx", "attention"), default="stack",
+    ap.add_argument("--switch", choices=("stack", "amx", "attention", "prefetch"), default="stack",
                     help="stack: one C++ call vs the modules; amx: bf16 linears on AMX tiles vs AVX-512; "
-                         "attention: bf16 decode attention on AMX tiles vs AVX-512")
+                         "attention: bf16 decode attention on AMX tiles vs AVX-512; prefetch: the AVX-512 "
+                         "decode attention's software prefetch of blocks that continue a run in memory vs "
+                         "leaving those to the hardware prefetcher")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype)
@@ -101,9 +111,11 @@ def main() -> None:
     rows = [paired(runner, b, args.context, args.steps, loaded.config.vocab_size, args.switch) for b in args.batch]
     machine = describe_machine(threads_used=torch.get_num_threads())
     dtype = str(loaded.dtype).removeprefix("torch.")
-    on, off = ("stack", "modules") if args.switch == "stack" else ("AMX", "AVX-512")
+    on, off = {"stack": ("stack", "modules"), "prefetch": ("runs prefetched", "runs left")}.get(
+        args.switch, ("AMX", "AVX-512"))
     what = {"stack": "layers in one C++ call vs the modules", "amx": "bf16 linears on AMX vs AVX-512",
-            "attention": "bf16 decode attention on AMX vs AVX-512"}[args.switch]
+            "attention": "bf16 decode attention on AMX vs AVX-512",
+            "prefetch": "decode attention's blocks in runs prefetched vs left to the hardware"}[args.switch]
     table = Table(title=f"decode step, {what}: {args.model} {dtype}, {torch.get_num_threads()} thread(s), "
                         f"context ~{args.context}, {one_line(machine)}")
     for col in ("batch", f"{on} ms", f"{off} ms", f"{on} / {off}", "saved ms"):
@@ -115,7 +127,8 @@ def main() -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"decode_stack_ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"model": args.model, "dtype": dtype, "threads": torch.get_num_threads(),
-                                "machine": machine, "rows": rows}, indent=2))
+                                "machine": machine, "switch": args.switch,
+                                "prefetch_runs_default": paged_decode_cpu.prefetch_runs(), "rows": rows}, indent=2))
     print(f"wrote {path}")
 
 

@@ -336,3 +336,57 @@ def test_store_kv_fp8_refuses_what_it_does_not_take_and_a_slot_outside_the_cache
     with pytest.raises(IndexError):
         pdc.store_kv_fp8(key, key.clone(), torch.tensor([0, 64, 2]), k, k, 1.0, 1.0)
     assert torch.equal(key.view(torch.uint8), before.view(torch.uint8))
+
+
+def _cpu_vendor() -> str:
+    try:
+        text = open("/proc/cpuinfo").read()  # noqa: SIM115 - one read
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+
+
+@pytest.mark.skipif(_cpu_vendor() not in ("GenuineIntel", "AuthenticAMD"), reason="neither Intel nor AMD")
+def test_blocks_in_runs_are_prefetched_on_intel_and_left_to_the_hardware_on_amd():
+    assert pdc.prefetch_runs() == (_cpu_vendor() == "GenuineIntel")
+
+
+@pytest.mark.parametrize("cache", ["float32", "bfloat16", "fp8"])
+def test_prefetching_blocks_in_runs_or_not_gives_the_same_bits(cache):
+    """The switch changes which cache lines are requested early, never a result: over tables whose
+    blocks lie in runs (a prompt's) and then scattered (a decode's), on the AVX-512 paths."""
+    dtype = torch.float32 if cache == "float32" else torch.bfloat16
+    lens = [700, 3, 129, 48, 260]
+    widths = [-(-n // 16) for n in lens]
+    num_blocks = sum(widths) + 8
+    gen = torch.Generator().manual_seed(11)
+    if cache == "fp8":
+        key = fp8_codes(2, num_blocks, 16, 64, seed=12, codes=CACHE_E4M3)
+        value = fp8_codes(2, num_blocks, 16, 64, seed=13, codes=CACHE_E4M3)
+    else:
+        key = torch.randn(2, num_blocks, 16, 64, generator=gen).to(dtype)
+        value = torch.randn(2, num_blocks, 16, 64, generator=gen).to(dtype)
+    q = torch.randn(len(lens), 8, 64, generator=gen).to(dtype)
+    rest = list(range(sum(w // 2 for w in widths), num_blocks))
+    random.Random(11).shuffle(rest)
+    tables, at = [], 0
+    for w in widths:  # the first half of each sequence's blocks in order, the rest drawn at random
+        tables.append(list(range(at, at + w // 2)) + [rest.pop() for _ in range(w - w // 2)])
+        at += w // 2
+    width = max(widths)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    ctx = torch.tensor(lens, dtype=torch.long)
+    scales = {"k_scale": 0.5, "v_scale": 0.25} if cache == "fp8" else {}
+    default, amx = pdc.prefetch_runs(), pdc.amx_in_use()
+    outs = {}
+    try:
+        pdc.use_amx(False)  # bf16 over a bf16 cache takes the AVX-512 path too
+        for on in (True, False):
+            assert pdc.prefetch_runs(on) == on
+            outs[on] = pdc.paged_decode(q, key, value, padded, ctx, 0.125, **scales)
+    finally:
+        pdc.prefetch_runs(default)
+        pdc.use_amx(amx)
+    assert torch.equal(outs[True], outs[False])
+    ref = pdc.paged_decode_reference(q, key, value, padded, ctx, 0.125, **scales)
+    torch.testing.assert_close(outs[True].float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])

@@ -24,6 +24,18 @@ namespace {
 
 cf_amx::Switch g_amx;  // bf16 over a bf16 cache on AMX tiles (cf_paged_amx_init grants, cf_paged_use_amx switches)
 
+// Whether the AVX-512 paths prefetch the block two ahead also where it continues a run of blocks
+// in memory (cf_paged_prefetch_runs switches). AMD: no, the hardware prefetcher streams on into it
+// and a software prefetch there only competed with it (Zen 4: 0.82x-0.89x the kernel's time in
+// runs of 8 blocks without them). Intel: yes, its prefetcher did not keep up alone (AMX Xeon, float32
+// b32 x 516 tokens x 8 layers, blocks in order, paired: 0.81x the kernel's time with them at one
+// thread, 0.72x at two; 0.87x at 2,000 tokens; whole decode steps 0.92x-0.93x).
+int prefetch_runs_here() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd") ? 0 : 1;
+}
+int g_prefetch_runs = prefetch_runs_here();
+
 // Per thread: the AVX-512 paths' scores and, where built, the AMX path's buffers.
 struct Workspace {
   std::vector<float> scores;
@@ -458,13 +470,16 @@ void attend_one_avx512(const T* q, const C* key, const C* value, T* out, const i
   if constexpr (kFourHeads) four.load(q);
   const __m512 sc = _mm512_set1_ps(scale);
   auto block_at = [&](const C* cache, int64_t bi) { return cache + (head_offset + table[bi] * block_size) * D; };
-  // The block two ahead, into L2, unless it and the block before it continue a run of blocks in
-  // memory (the hardware prefetcher streams on into it then; a software prefetch there only competes
-  // with it). Into L1 (T0) the prefetches held the L1's few miss buffers and a thread read 10-13
-  // GB/s. Zen 4, one thread, b32 x 530 tokens x 8 layers, against always T0: 0.72x-0.75x the time with
-  // blocks in order or scattered, 0.82x-0.89x in runs of 8 blocks, both dtypes.
+  // The block two ahead, into L2; on AMD, not where it and the block before it continue a run of
+  // blocks in memory (g_prefetch_runs, at the top). Into L1 (T0) the prefetches held the L1's few
+  // miss buffers and a thread read 10-13 GB/s. Zen 4, one thread, b32 x 530 tokens x 8 layers,
+  // against always T0: 0.72x-0.75x the time with blocks in order or scattered, 0.82x-0.89x in runs
+  // of 8 blocks, both dtypes.
+  const bool runs_too = g_prefetch_runs;
   auto prefetch_target = [&](const C* cache, int64_t bi) -> const char* {
-    if (bi + 2 >= nblk || (table[bi + 2] == table[bi + 1] + 1 && table[bi + 1] == table[bi] + 1)) return nullptr;
+    if (bi + 2 >= nblk ||
+        (!runs_too && table[bi + 2] == table[bi + 1] + 1 && table[bi + 1] == table[bi] + 1))
+      return nullptr;
     return reinterpret_cast<const char*>(block_at(cache, bi + 2));
   };
   alignas(64) T widened[kFp8 ? 16 * D : 1];
@@ -666,6 +681,14 @@ int cf_paged_amx_init() {
 // AVX-512 (0); -1 leaves it. Returns whether AMX is now in use.
 int cf_paged_use_amx(int on) {
   return g_amx.use(on);  // never granted where not built for AMX: 0
+}
+
+// Whether the AVX-512 paths prefetch blocks that continue a run in memory (1) or leave them to the
+// hardware prefetcher (0); `on` switches (-1 leaves it). The results are the same bits either way.
+// For paired A/B measurements and tests; not thread-safe against a running decode.
+int cf_paged_prefetch_runs(int on) {
+  if (on >= 0) g_prefetch_runs = on ? 1 : 0;
+  return g_prefetch_runs;
 }
 
 // Returns 0 on success, nonzero where the shape is not supported (the caller falls back).

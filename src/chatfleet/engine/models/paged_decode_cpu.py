@@ -88,6 +88,8 @@ def _bind(lib: ctypes.CDLL) -> str | None:
     lib.cf_paged_amx_init.restype = ctypes.c_int
     lib.cf_paged_use_amx.restype = ctypes.c_int
     lib.cf_paged_use_amx.argtypes = (ctypes.c_int,)
+    lib.cf_paged_prefetch_runs.restype = ctypes.c_int
+    lib.cf_paged_prefetch_runs.argtypes = (ctypes.c_int,)
     lib.cf_paged_amx_init()  # bf16 over a bf16 cache on AMX tiles where the CPU has them and the OS grants them
     return None
 
@@ -120,6 +122,14 @@ def use_amx(on: bool) -> bool:
     A/B measurements and tests; returns whether AMX is now in use."""
     lib = _LOADER.load()
     return lib is not None and lib.cf_paged_use_amx(int(on)) == 1
+
+
+def prefetch_runs(on: bool | None = None) -> bool:
+    """Whether the AVX-512 paths (float32, FP8 caches, bf16 without AMX) prefetch the blocks that
+    continue a run in memory, not only scattered ones (the default: on Intel, not on AMD); ``on``
+    switches it, for paired A/B measurements and tests (the results are the same bits either way)."""
+    lib = _LOADER.load()
+    return lib is not None and lib.cf_paged_prefetch_runs(-1 if on is None else int(on)) == 1
 
 
 def fits(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
