@@ -1,7 +1,9 @@
 """Decode steps with one thing switched on against the same steps with it off, paired: one runner, the
 two alternating step by step over the same sequences, so a slow minute of a shared machine falls on
 both. ``--switch stack`` (the default): the layers in one C++ call (models/decode_stack.py) against
-the model's modules. ``--switch amx``: the packed decode linears' bf16 sums on AMX tiles against
+the model's modules; with ``--chunk N`` every step also carries N new prompt tokens of one more
+sequence whose history is cached (a returning turn: the step capacity.py's ``all`` runs at its knee).
+``--switch amx``: the packed decode linears' bf16 sums on AMX tiles against
 AVX-512 (models/packed_gemv.py; an AMX CPU, bf16 only; the stack on for both). ``--switch
 attention``: bf16 paged decode attention on AMX tiles against AVX-512 (models/paged_decode_amx.h).
 ``--switch prefetch``: the AVX-512 decode attention (float32; FP8 caches; bf16 without AMX) with its
@@ -14,6 +16,7 @@ blocks lie in order here, as a prompt's blocks do.
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch amx
     python benchmarks/decode_stack_ab.py --dtype bfloat16 --switch attention --context 2000
     python benchmarks/decode_stack_ab.py --dtype float32 --switch prefetch --batch 8 32 --threads 1
+    python benchmarks/decode_stack_ab.py --dtype bfloat16 --batch 8 16 --chunk 40   # returning turns
 
 Per batch: the median step with it on and off (wall, ms), their ratio and the time saved. Prints a
 table and writes JSON (with the machine: CPU model, flags, threads, load) to benchmarks/results/.
@@ -57,15 +60,16 @@ def _switch(runner: TorchRunner, what: str, on: bool) -> None:
         sys.exit("AMX does not run here: no AMX on this CPU, or the OS refused its tile state")
 
 
-def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int, what: str) -> dict:
-    """``steps`` decode steps of ``batch`` sequences after their prompts, ``what`` on every even
-    step and off every odd one; the medians of each."""
+def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int, what: str, chunk: int = 0) -> dict:
+    """``steps`` decode steps of ``batch`` sequences after their prompts (with ``chunk``, each step
+    also carries ``chunk`` new prompt tokens of one more sequence, its history cached: a returning
+    turn), ``what`` on every even step and off every odd one; the medians of each."""
     rng = random.Random(batch)
-    per_seq = -(-(context + steps + 1) // BLOCK)
-    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
-    ids = [f"b{batch}-{i}" for i in range(batch)]
+    per_seq = -(-(context + steps * max(chunk, 1) + 1) // BLOCK)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch + 1)]
+    ids = [f"b{batch}-{i}" for i in range(batch)] + ([f"b{batch}-turn"] if chunk else [])
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
+    for i in range(len(ids)):
         prompt = [rng.randrange(vocab) for _ in range(context)]
         runner.execute(SchedulerOutput([ScheduledChunk(ids[i], prompt, 0, tables[i], True, params, 0)]))
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -76,6 +80,9 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
             _switch(runner, what, on)
             chunks = [ScheduledChunk(ids[i], [rng.randrange(vocab)], context + s, tables[i], True, params, s + 1)
                       for i in range(batch)]
+            if chunk:
+                chunks.append(ScheduledChunk(ids[batch], [rng.randrange(vocab) for _ in range(chunk)],
+                                             context + s * chunk, tables[batch], True, params, 0))
             start = time.perf_counter()
             runner.execute(SchedulerOutput(chunks))
             if s >= WARMUP:
@@ -84,7 +91,8 @@ def paired(runner: TorchRunner, batch: int, context: int, steps: int, vocab: int
         _switch(runner, what, default)
         runner.execute(SchedulerOutput([], finished_request_ids=ids))
     on_ms, off_ms = statistics.median(times[True]) * 1e3, statistics.median(times[False]) * 1e3
-    return {"batch": batch, "context": context, "steps_each": len(times[True]), "switch": what, "on_ms": on_ms,
+    return {"batch": batch, "context": context, "chunk": chunk, "steps_each": len(times[True]), "switch": what,
+            "on_ms": on_ms,
             "off_ms": off_ms, "ratio": on_ms / off_ms, "saved_ms": off_ms - on_ms}
 
 
@@ -101,14 +109,18 @@ def main() -> None:
                          "attention: bf16 decode attention on AMX tiles vs AVX-512; prefetch: the AVX-512 "
                          "decode attention's software prefetch of blocks that continue a run in memory vs "
                          "leaving those to the hardware prefetcher")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="each step also carries this many new prompt tokens of one more sequence whose history "
+                         "is cached (a returning turn beside the decodes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(resolve_model(args.model), dtype=args.dtype)
     if loaded.model.decode_stack() is None:
         sys.exit("the decode stack does not build here (no AVX-512, no compiler, kernels off, or not oneDNN)")
-    blocks = max(args.batch) * (-(-(args.context + args.steps + 1) // BLOCK))
+    blocks = (max(args.batch) + 1) * (-(-(args.context + args.steps * max(args.chunk, 1) + 1) // BLOCK))
     runner = TorchRunner(loaded, blocks, BLOCK)
-    rows = [paired(runner, b, args.context, args.steps, loaded.config.vocab_size, args.switch) for b in args.batch]
+    rows = [paired(runner, b, args.context, args.steps, loaded.config.vocab_size, args.switch, args.chunk)
+            for b in args.batch]
     machine = describe_machine(threads_used=torch.get_num_threads())
     dtype = str(loaded.dtype).removeprefix("torch.")
     on, off = {"stack": ("stack", "modules"), "prefetch": ("runs prefetched", "runs left")}.get(
@@ -116,7 +128,8 @@ def main() -> None:
     what = {"stack": "layers in one C++ call vs the modules", "amx": "bf16 linears on AMX vs AVX-512",
             "attention": "bf16 decode attention on AMX vs AVX-512",
             "prefetch": "decode attention's blocks in runs prefetched vs left to the hardware"}[args.switch]
-    table = Table(title=f"decode step, {what}: {args.model} {dtype}, {torch.get_num_threads()} thread(s), "
+    turn = f", + a {args.chunk}-token prompt chunk a step" if args.chunk else ""
+    table = Table(title=f"decode step{turn}, {what}: {args.model} {dtype}, {torch.get_num_threads()} thread(s), "
                         f"context ~{args.context}, {one_line(machine)}")
     for col in ("batch", f"{on} ms", f"{off} ms", f"{on} / {off}", "saved ms"):
         table.add_column(col, justify="right")
@@ -127,7 +140,7 @@ def main() -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"decode_stack_ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"model": args.model, "dtype": dtype, "threads": torch.get_num_threads(),
-                                "machine": machine, "switch": args.switch,
+                                "machine": machine, "switch": args.switch, "chunk": args.chunk,
                                 "prefetch_runs_default": paged_decode_cpu.prefetch_runs(), "rows": rows}, indent=2))
     print(f"wrote {path}")
 

@@ -1,7 +1,8 @@
-"""The decode layer stack (one C++ call for a decode step's layers) against the model's modules, on
-the real tiny model: the same hidden states to the last bit at every step, in float32 and bf16
-(where native), with a cache of the model's dtype and an FP8 cache, scattered blocks and uneven
-contexts; and it steps aside wherever the modules would not make exactly its kernel calls."""
+"""The decode layer stack (one C++ call for a step's layers) against the model's modules, on the real
+tiny model: the same hidden states to the last bit at every step, in float32 and bf16 (where
+native), with a cache of the model's dtype and an FP8 cache, scattered blocks and uneven contexts,
+decode steps and steps with one prompt chunk beside the decodes (a new prompt, a continued one); and
+it steps aside wherever the modules would not make exactly its kernel calls."""
 
 import random
 
@@ -65,17 +66,18 @@ class Recorder:
 
 
 def decode_steps(loaded, enabled: bool, batch: int, kv: str = "auto", steps: int = 6, seed: int = 0,
-                 mixed_prompt: bool = False) -> None:
+                 mixed_prompt: bool = False, continued: bool = False, chunk: int = 5, prompts: int = 1) -> None:
     """Prompts of uneven lengths into scattered blocks, then ``steps`` greedy decode steps of the
-    whole batch (with ``mixed_prompt``, each step also carries a prompt chunk of another request)."""
+    whole batch (with ``mixed_prompt``, each step also carries ``prompts`` prompt chunks of ``chunk``
+    tokens: new requests' first chunks, or with ``continued`` the next chunk of one long prompt)."""
     loaded.model.decode_stack_enabled = enabled
     rng = random.Random(seed)
     vocab = loaded.config.vocab_size
     lens = [rng.randrange(1, 70) for _ in range(batch)]
-    per_seq = -(-(max(lens) + steps + 1) // BLOCK)
-    blocks = list(range(batch * per_seq + per_seq))
+    per_seq = -(-(max([*lens, 0]) + steps + 1 + chunk * steps) // BLOCK)
+    blocks = list(range((batch + prompts) * per_seq))
     random.Random(seed + 1).shuffle(blocks)
-    tables = [blocks[i * per_seq:(i + 1) * per_seq] for i in range(batch + 1)]
+    tables = [blocks[i * per_seq:(i + 1) * per_seq] for i in range(batch + prompts)]
     runner = TorchRunner(loaded, len(blocks), BLOCK, kv_cache_dtype=kv)
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     ids = [f"r{i}" for i in range(batch)]
@@ -86,8 +88,10 @@ def decode_steps(loaded, enabled: bool, batch: int, kv: str = "auto", steps: int
         chunks = [ScheduledChunk(ids[i], [rng.randrange(vocab)], lens[i] + s, tables[i], True, params, s + 1)
                   for i in range(batch)]
         if mixed_prompt:
-            chunks.append(ScheduledChunk(f"p{s}", [rng.randrange(vocab) for _ in range(5)], 0, tables[batch], True,
-                                         params, 0))
+            for j in range(prompts):
+                rid, start = (f"p{j}", chunk * s) if continued else (f"p{j}-{s}", 0)
+                chunks.append(ScheduledChunk(rid, [rng.randrange(vocab) for _ in range(chunk)], start,
+                                             tables[batch + j], not continued or s == steps - 1, params, 0))
         runner.execute(SchedulerOutput(chunks))
 
 
@@ -95,25 +99,58 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
-@pytest.mark.parametrize("kv", ["auto", "fp8"])
-@pytest.mark.parametrize("batch", [1, 5, packed_gemv.MAX_ROWS])
-def test_stack_gives_the_modules_bits_at_every_step(loaded, monkeypatch, batch, kv):
+def prompt_steps_in_the_stack(batch: int, kv: str, seed: int = 0) -> int:
+    """How many of decode_steps' prompt steps (one prompt each) the stack takes: a prompt of at most
+    ``packed_gemv.MAX_ROWS`` tokens over a cache of the model's dtype, or of one token (a decode row
+    to the runner) over any."""
+    rng = random.Random(seed)
+    lens = [rng.randrange(1, 70) for _ in range(batch)]
+    return sum(n == 1 or (kv != "fp8" and n <= packed_gemv.MAX_ROWS) for n in lens)
+
+
+def same_bits_both_ways(loaded, monkeypatch, **kwargs) -> Recorder:
     modules = Recorder(loaded.model, monkeypatch)
-    decode_steps(loaded, False, batch, kv)
+    decode_steps(loaded, False, **kwargs)
     assert modules.stack_steps == 0
     monkeypatch.undo()
     stacked = Recorder(loaded.model, monkeypatch)
-    decode_steps(loaded, True, batch, kv)
-    assert stacked.stack_steps == 6  # every decode step ran in the stack, no prompt step did
-    assert len(stacked.hidden) == len(modules.hidden) == batch + 6
+    decode_steps(loaded, True, **kwargs)
+    assert len(stacked.hidden) == len(modules.hidden)
     for ours, theirs in zip(stacked.hidden, modules.hidden, strict=True):
         assert torch.equal(bits(ours), bits(theirs))
+    return stacked
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("batch", [1, 5, packed_gemv.MAX_ROWS])
+def test_stack_gives_the_modules_bits_at_every_step(loaded, monkeypatch, batch, kv):
+    stacked = same_bits_both_ways(loaded, monkeypatch, batch=batch, kv=kv)
+    assert len(stacked.hidden) == batch + 6
+    # every decode step ran in the stack, and every prompt step of a prompt it takes
+    assert stacked.stack_steps == 6 + prompt_steps_in_the_stack(batch, kv)
+
+
+@pytest.mark.parametrize(("batch", "chunk", "continued"),
+                         [(0, 7, False), (3, 5, False), (3, 9, True), (12, 20, True),
+                          (8, packed_gemv.MAX_ROWS - 8, False), (1, 33, True)])
+def test_a_prompt_chunk_beside_the_decodes_gets_the_modules_bits(loaded, monkeypatch, batch, chunk, continued):
+    """A new prompt's chunk (keys from its own rows) or a long prompt's next chunk (keys from the
+    cache: earlier chunks' and its own), beside 0-56 decodes."""
+    stacked = same_bits_both_ways(loaded, monkeypatch, batch=batch, mixed_prompt=True, continued=continued,
+                                  chunk=chunk)
+    assert stacked.stack_steps == 6 + prompt_steps_in_the_stack(batch, "auto")
 
 
 def test_steps_the_stack_does_not_take_run_the_modules(loaded, monkeypatch):
     rec = Recorder(loaded.model, monkeypatch)
     decode_steps(loaded, True, packed_gemv.MAX_ROWS + 1, steps=2)  # more rows than the packed kernel takes
-    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True)  # a prompt chunk in every step
+    assert rec.stack_steps == prompt_steps_in_the_stack(packed_gemv.MAX_ROWS + 1, "auto")
+    rec.stack_steps = 0
+    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True, prompts=2)  # two prompt chunks in every step
+    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True, chunk=packed_gemv.MAX_ROWS)  # one, too long
+    decode_steps(loaded, True, 3, kv="fp8", steps=2, mixed_prompt=True)  # one, over an FP8 cache
+    assert rec.stack_steps == 2 * prompt_steps_in_the_stack(3, "auto") + prompt_steps_in_the_stack(3, "fp8")
+    rec.stack_steps = 0
     decode_steps(loaded, False, 3, steps=2)  # switched off
     assert rec.stack_steps == 0
     layer = loaded.model.decoder_layers[0].self_attn
@@ -124,7 +161,7 @@ def test_steps_the_stack_does_not_take_run_the_modules(loaded, monkeypatch):
         layer.kv_observer = None
     assert rec.stack_steps == 0
     decode_steps(loaded, True, 3, steps=2)
-    assert rec.stack_steps == 2
+    assert rec.stack_steps == 2 + prompt_steps_in_the_stack(3, "auto")
 
 
 def test_greedy_tokens_match_the_modules_over_a_long_decode(loaded):

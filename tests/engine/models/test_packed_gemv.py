@@ -132,7 +132,7 @@ def test_a_packed_linear_takes_the_kernel_for_decode_rows_only(dtype, monkeypatc
     calls = []
     real = m.packed_linear
     monkeypatch.setattr(m, "packed_linear", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    for rows in (1, m.MAX_ROWS, m.MAX_ROWS + 1, 40):
+    for rows in (1, m.MAX_ROWS, m.MAX_ROWS + 1, m.MAX_ROWS + 8):
         x = _weight(rows, 96, dtype, rows) * 10
         got = lin(x)
         ref = x.double() @ w.double().T + b.double()
@@ -153,8 +153,12 @@ def test_swiglu_on_packed_halves_matches_float64_and_onednn(intermediate, hidden
     assert g.halves_layout is not None
     x = _weight(rows, hidden, torch.bfloat16, rows) * 10
     got = swiglu(g, x, intermediate)
-    many = torch.cat([x] * (m.MAX_ROWS // rows + 1))[: m.MAX_ROWS + 1]  # more rows than the kernel takes: oneDNN
-    assert torch.equal(got, swiglu(g, many, intermediate)[:rows])  # kernel or oneDNN: same bits
+    many = torch.cat([x] * (m.MAX_ROWS // rows + 1))[: m.MAX_ROWS]  # as many rows as the kernel takes
+    assert torch.equal(got, swiglu(g, many, intermediate)[:rows])  # a row's bits are its own
+    few = torch.cat([x] * (m.ONEDNN_SAME_BITS_ROWS // rows + 1))[: m.ONEDNN_SAME_BITS_ROWS + 1]
+    act = ONEDNN(few, g.packed_halves[0], None, "swish", [], "")
+    onednn = torch.ops.mkldnn._linear_pointwise.binary(few, act, g.packed_halves[1], None, "mul")
+    assert torch.equal(got, onednn[:rows])  # oneDNN's epilogues at 33 rows (no split K yet): the same bits
     xd = x.double()
     gate, up = xd @ w[:intermediate].double().T, xd @ w[intermediate:].double().T
     ref = F.silu(gate) * up
@@ -172,19 +176,24 @@ def test_swiglu_on_packed_halves_matches_float64_and_onednn(intermediate, hidden
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_gets_the_same_bits_at_any_row_count(dtype):
-    # decode rows take the kernel, larger steps oneDNN: a row's result must not depend on which
-    # (the greedy equivalence tests rest on it); tiny's shapes and small's up to K = 512. (At
-    # small's down projection, K = 1,536, oneDNN itself gives a row alone and the same row among
-    # 40 different bits: it splits K there. The kernel's bits are those of some of its row counts.
-    # On an AMX CPU oneDNN's bf16 product splits K from K = 512 at 38 rows and more, so there the
-    # oneDNN side of K = 512 is 33 rows, the fewest that leave the kernel.)
+    # steps up to MAX_ROWS take the kernel, larger ones oneDNN: a row's result should not depend on
+    # which (the greedy equivalence tests lean on it); the kernel's sums are oneDNN's at a few rows,
+    # on tiny's shapes and small's up to K = 512. (At small's down projection, K = 1,536, oneDNN
+    # itself gives a row alone and the same row among 40 different bits: it splits K there. On an
+    # AMX CPU oneDNN's bf16 product splits K from K = 512 at 38 rows and more, so there a row's
+    # bits among 38+ rows in oneDNN are not the kernel's; up to MAX_ROWS they are the kernel's,
+    # the same at any row count.)
     for n, k in ((384, 128), (128, 192), (768, 128), (768, 512), (3072, 512), (100, 73)):
         w = _weight(n, k, dtype, n + k)
         packed, layout = _packed(w)
-        x = _weight(m.MAX_ROWS + 1 if _onednn_splits_k(dtype, k) else 40, k, dtype, k) * 10
-        whole = ONEDNN(x, packed, None, "none", [], "")
-        for rows in (1, 2, 5, 13, m.MAX_ROWS):
+        rows_in_onednn = m.ONEDNN_SAME_BITS_ROWS + 1 if _onednn_splits_k(dtype, k) else 40
+        x = _weight(m.MAX_ROWS, k, dtype, k) * 10
+        whole = ONEDNN(x[:rows_in_onednn], packed, None, "none", [], "")
+        mine = m.packed_linear(x, packed, layout)
+        for rows in (1, 2, 5, 13, m.ONEDNN_SAME_BITS_ROWS):
             assert torch.equal(m.packed_linear(x[:rows], packed, layout), whole[:rows]), (n, k, rows)
+        for rows in (1, 17, 33, 48, m.MAX_ROWS):
+            assert torch.equal(m.packed_linear(x[:rows], packed, layout), mine[:rows]), (n, k, rows)
 
 
 @pytest.mark.skipif(not m.amx_in_use(), reason="no AMX here (or the OS refused its tile state)")
@@ -195,9 +204,10 @@ def test_bf16_sums_on_amx_tiles_are_onednns_bits_and_a_rows_own():
         w = _weight(n, k, torch.bfloat16, n * k)
         packed, layout = _packed(w)
         x = _weight(m.MAX_ROWS, k, torch.bfloat16, k) * 10
-        for rows in (1, 2, 15, 16, 17, 31, m.MAX_ROWS):
+        for rows in (1, 2, 15, 16, 17, 31, m.ONEDNN_SAME_BITS_ROWS, 33, 48, m.MAX_ROWS):
             got = m.packed_linear(x[:rows], packed, layout)
-            assert torch.equal(got, ONEDNN(x[:rows], packed, None, "none", [], "")), (n, k, rows)
+            if rows <= m.ONEDNN_SAME_BITS_ROWS:
+                assert torch.equal(got, ONEDNN(x[:rows], packed, None, "none", [], "")), (n, k, rows)
             assert torch.equal(got, torch.cat([m.packed_linear(x[r : r + 1], packed, layout) for r in range(rows)]))
 
 

@@ -72,6 +72,12 @@ def available() -> bool:
     return _LOADER.available()
 
 
+def address(symbol: str) -> int | None:
+    """Where this library's exported function ``symbol`` lies (``decode_stack.py`` hands it to C++
+    code), or None where the library is not loaded here."""
+    return _LOADER.address(symbol)
+
+
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int | None,
           key_start: int) -> bool:
     """Whether these operands fit the kernel (and it is available)."""

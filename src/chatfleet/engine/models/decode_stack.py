@@ -1,5 +1,6 @@
-"""A decode step's decoder layers in one C++ call (``decode_stack_cpu.cpp``), for a Qwen3 dense model
-whose every piece of a decode step already runs in this package's C++ kernels.
+"""A step's decoder layers in one C++ call (``decode_stack_cpu.cpp``), for a Qwen3 dense model whose
+every piece of a decode step already runs in this package's C++ kernels: decode rows, and beside
+them at most one prompt chunk (a returning turn's new tokens, a short prompt).
 
 Why: a decode step of ``small`` (8 layers) makes ~90 kernel calls from Python (per layer: the norms,
 four or five packed linears, q/k norm + RoPE, the KV store, the paged decode), each through a module
@@ -14,13 +15,22 @@ the addresses their libraries export, ``cpu_kernel_build.KernelLoader.address``)
 order on the same operands, so the hidden states are the modules' bits; the tests compare them at
 every step, and the greedy equivalence tests run through it.
 
-It takes a step (``DecodeStack.takes``) where the modules would make exactly those kernel calls: decode
-rows only (no prompt chunk), at most ``packed_gemv.MAX_ROWS`` of them, the C++ decode kernel's block
-tables in the metadata, every layer's cache present (the model's dtype or FP8), no KV observer (scale
-calibration), no sliding window; and (``build_decode_stack``) a float32 or bfloat16 model with every
-linear packed where the packed kernel reads it, the MLP's halves too in bf16, and every kernel built.
+It takes a step (``DecodeStack.takes``) where the modules would make exactly those kernel calls: at
+most ``packed_gemv.MAX_ROWS`` rows, decode rows with the C++ decode kernel's block tables in the
+metadata, then at most one prompt chunk whose attention runs in a C++ chunk kernel (``_chunk_kernel``:
+AMX in bf16 where the CPU has it, else AVX-512's pair dot products; AVX-512 in float32) and whose
+cache is the model's dtype; every layer's cache present (the model's dtype or FP8 for decode rows
+alone), no KV observer (scale calibration), no sliding window; and (``build_decode_stack``) a float32
+or bfloat16 model with every linear packed where the packed kernel reads it, the MLP's halves too in
+bf16, and every kernel built. The chunk's keys and values are gathered from the cache block by block
+into a buffer of the stack's (the modules gather the same blocks, ``attention.paged_attention``).
 Anything else runs the modules. Nothing to switch: ``Qwen3ForCausalLM`` builds it with the oneDNN
 backend; ``decode_stack_enabled = False`` (tests, A/B runs) keeps the modules.
+
+A chunk beside the decodes is the step capacity.py's ``all`` runs at its knee: one returning turn's
+~40 new tokens joining ~15 running replies. Through the modules such a step cost ~2.3x a decode-only
+step of its decodes (AMX Xeon, bf16, one thread: 18.6 against 8.1 ms, ``profile_step.py``'s
+returning workload), most of it the Python between ~130 kernel calls.
 """
 
 from __future__ import annotations
@@ -32,7 +42,14 @@ from typing import Protocol
 
 import torch
 
-from chatfleet.engine.models import packed_gemv, paged_decode_cpu, qk_norm_rope, row_ops
+from chatfleet.engine.models import (
+    chunk_attention_amx,
+    chunk_attention_avx512,
+    packed_gemv,
+    paged_decode_cpu,
+    qk_norm_rope,
+    row_ops,
+)
 from chatfleet.engine.models.attention import AttentionMetadata
 from chatfleet.engine.models.cpu_kernel_build import KernelLoader
 from chatfleet.engine.models.kv_cache import FP8, KVCache
@@ -128,7 +145,8 @@ class _Model(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("batch", _i64), ("embeddings", _ptr), ("cos", _ptr), ("sin", _ptr), ("slots", _ptr),
                 ("block_tables", _ptr), ("table_width", _i64), ("context_lens", _ptr), ("out", _ptr),
-                ("workspace", _ptr), ("threads", _int)]
+                ("workspace", _ptr), ("threads", _int), ("decodes", _i64), ("chunk_start", _i64),
+                ("chunk_blocks", _ptr), ("chunk_kv", _ptr), ("chunk_attention", _ptr)]
 
 
 def _bind(lib: ctypes.CDLL) -> str | None:
@@ -148,6 +166,21 @@ _KERNEL_SYMBOLS = (
     (qk_norm_rope.address, "cf_qk_norm_rope"), (paged_decode_cpu.address, "cf_paged_decode"),
     (paged_decode_cpu.address, "cf_store_kv"), (paged_decode_cpu.address, "cf_store_kv_fp8"),
 )
+
+
+def _chunk_kernel(dtype: torch.dtype, head_dim: int) -> int | None:
+    """The entry point of the chunk kernel ``prefill_attention.chunk_attention`` runs for a chunk of
+    this dtype and head dim (oneDNN backend, no window, keys from position 0) over a compact cache
+    copy, or None where that is not a C++ chunk kernel taking it as the stack hands it over."""
+    if dtype == torch.bfloat16 and head_dim in chunk_attention_amx.HEAD_DIMS and chunk_attention_amx.available():
+        return chunk_attention_amx.address("cf_chunk_attention_amx")
+    if head_dim not in chunk_attention_avx512.HEAD_DIMS or not chunk_attention_avx512.available():
+        return None
+    if dtype == torch.float32:
+        return chunk_attention_avx512.address("cf_chunk_attention_avx512")
+    if dtype == torch.bfloat16 and chunk_attention_avx512.has_pair_dots():
+        return chunk_attention_avx512.address("cf_chunk_attention_avx512_bf16")
+    return None  # bf16 widened to float32 around the kernel: the modules do that
 
 
 def _kernels() -> _Kernels | None:
@@ -199,18 +232,28 @@ class DecodeStack:
         # One workspace for the most rows a step can have (``takes``), sized once, not per step.
         need = int(lib.cf_decode_stack_workspace(ctypes.byref(self._model), packed_gemv.MAX_ROWS))
         self._workspace = torch.empty(need, dtype=torch.uint8)
+        self._chunk_kernel = _chunk_kernel(dtype, config.head_dim)
+        self._chunk_kv = torch.empty(0, dtype=dtype)  # a chunk's gathered keys and values, grown as needed
 
     def takes(self, tokens: int, meta: object, caches: Sequence[KVCache | None] | None) -> bool:
         """Whether a step of ``tokens`` rows with this metadata and these caches runs in the stack."""
-        if (not isinstance(meta, AttentionMetadata) or meta.ops is not None or meta.chunks
-                or meta.decode_block_tables is None or meta.decode_context_lens is None
-                or meta.sliding_window is not None or meta.num_decodes != tokens
-                or not 1 <= tokens <= packed_gemv.MAX_ROWS
+        if (not isinstance(meta, AttentionMetadata) or meta.ops is not None or len(meta.chunks) > 1
+                or meta.sliding_window is not None or not 1 <= tokens <= packed_gemv.MAX_ROWS
                 or caches is None or len(caches) < len(self._decoder_layers)):
+            return False
+        d = meta.num_decodes
+        if d and (meta.decode_block_tables is None or meta.decode_context_lens is None):
+            return False
+        if meta.chunks:
+            c = meta.chunks[0]
+            if (self._chunk_kernel is None or c.query_start != d or c.query_len != tokens - d or c.key_start
+                    or c.query_len < 1):
+                return False
+        elif d != tokens:
             return False
         if any(layer.self_attn.kv_observer is not None for layer in self._decoder_layers):
             return False
-        return self._bind_caches(caches)
+        return self._bind_caches(caches) and not (meta.chunks and self._model.fp8)
 
     def _bind_caches(self, caches: Sequence[KVCache | None]) -> bool:
         cfg = self.config
@@ -240,22 +283,38 @@ class DecodeStack:
             ) -> torch.Tensor:
         """The final norm's output [B, hidden] for a step ``takes`` accepted (the caches it bound):
         embeddings [B, hidden], cos/sin [B, 1, head_dim] (``qwen3.Rotary.lookup``)."""
-        batch, d = embeddings.shape[0], self.config.head_dim
+        batch, d, decodes = embeddings.shape[0], self.config.head_dim, meta.num_decodes
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
-        assert tables is not None and lens is not None
         ok = (1 <= batch <= packed_gemv.MAX_ROWS and _plain(embeddings, (batch, self.config.hidden_size), self.dtype)
               and _plain(cos, (batch, 1, d), self.dtype) and _plain(sin, (batch, 1, d), self.dtype)
-              and _plain(meta.slot_mapping, (batch,), torch.int64) and _plain(lens, (batch,), torch.int64)
-              and tables.dim() == 2 and _plain(tables, (batch, tables.shape[1]), torch.int64))
+              and _plain(meta.slot_mapping, (batch,), torch.int64))
+        if decodes:
+            ok = ok and (tables is not None and lens is not None and _plain(lens, (decodes,), torch.int64)
+                         and tables.dim() == 2 and _plain(tables, (decodes, tables.shape[1]), torch.int64))
+        chunk_start, chunk_blocks, chunk_kv = 0, 0, 0
+        if meta.chunks:
+            c = meta.chunks[0]
+            blocks = -(-c.context_len // self._model.block_size)
+            ok = ok and c.query_len == batch - decodes and _plain(c.block_ids, (blocks,), torch.int64)
+            need = 2 * self.config.num_kv_heads * blocks * self._model.block_size * d
+            if self._chunk_kv.numel() < need:
+                self._chunk_kv = torch.empty(need, dtype=self.dtype)
+            chunk_start, chunk_blocks, chunk_kv = c.start_position, c.block_ids.data_ptr(), self._chunk_kv.data_ptr()
+        elif decodes != batch:
+            ok = False
         if not ok:
             raise ValueError("decode stack: operands not as the kernels read them (shapes, dtypes, contiguity)")
         lib = _LOADER.load()
         assert lib is not None
         out = embeddings.new_empty(batch, self.config.hidden_size)
         step = _Step(batch=batch, embeddings=embeddings.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(),
-                     slots=meta.slot_mapping.data_ptr(), block_tables=tables.data_ptr(), table_width=tables.shape[1],
-                     context_lens=lens.data_ptr(), out=out.data_ptr(), workspace=self._workspace.data_ptr(),
-                     threads=torch.get_num_threads())
+                     slots=meta.slot_mapping.data_ptr(),
+                     block_tables=tables.data_ptr() if decodes and tables is not None else None,
+                     table_width=tables.shape[1] if decodes and tables is not None else 0,
+                     context_lens=lens.data_ptr() if decodes and lens is not None else None, out=out.data_ptr(),
+                     workspace=self._workspace.data_ptr(), threads=torch.get_num_threads(), decodes=decodes,
+                     chunk_start=chunk_start, chunk_blocks=chunk_blocks or None, chunk_kv=chunk_kv or None,
+                     chunk_attention=self._chunk_kernel if meta.chunks else None)
         rc = lib.cf_decode_stack(ctypes.byref(self._model), ctypes.byref(step))
         if rc:
             raise RuntimeError(f"decode stack: a kernel refused its operands (code {rc}: layer {rc // 100 - 1}, "

@@ -1,8 +1,12 @@
-// A decode step's decoder layers (Qwen3 dense) in one call: the same C++ kernels the model's
-// modules call one by one from Python (packed_gemv_cpu, row_ops_cpu, qk_norm_rope_cpu,
-// paged_decode_cpu), called here in the same order on the same operands, through the function
-// pointers Python hands over (each kernel stays in its own library, built with its own flags).
-// So the results are the modules' bits; what goes is the Python between the calls (decode_stack.py).
+// A step's decoder layers (Qwen3 dense) in one call: the same C++ kernels the model's modules call
+// one by one from Python (packed_gemv_cpu, row_ops_cpu, qk_norm_rope_cpu, paged_decode_cpu, a
+// chunk attention kernel), called here in the same order on the same operands, through the
+// function pointers Python hands over (each kernel stays in its own library, built with its own
+// flags). So the results are the modules' bits; what goes is the Python between the calls
+// (decode_stack.py). A step is its decode rows (one token of a sequence each) followed by at most
+// one prompt chunk (a returning turn's new tokens, say): the chunk's rows go through every
+// row-wise call with the decodes', and attend over their sequence's keys, gathered block by block
+// from the cache into the workspace, with the chunk kernel.
 //
 // Per layer, with X the hidden state coming in (layer 0: the embeddings, read only) and R the
 // residual stream (layer 0: the embeddings):
@@ -10,7 +14,8 @@
 //   QKV = H Wqkv^T (+ b)                 packed linear
 //   QK = qk_norm_rope(QKV's q|k heads)   per-head RMSNorm, RoPE by the step's cos/sin rows
 //   store k (QK's kv heads), v (QKV)     into the cache slots (FP8: quantized)
-//   ATT = paged_decode(q)                over each sequence's cached context
+//   ATT = paged_decode(q)                over each sequence's cached context (decode rows);
+//         chunk_attention(q)             the chunk's rows over its sequence's keys, causal
 //   A = ATT Wo^T (+ b); H = A += X; rms_norm(A)    (A becomes the residual stream)
 //   MID = silu(H Wg^T) * (H Wu^T)        bf16: both halves in the linear kernel (swish, mul);
 //                                        float32: the fused gate_up product, then silu_and_mul
@@ -38,6 +43,8 @@ using StoreKvFn = int (*)(const void*, int64_t, int64_t, const void*, int64_t, i
                           const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
 using StoreKvFp8Fn = int (*)(const void*, int64_t, int64_t, const void*, int64_t, int64_t, void*, void*,
                              const int64_t*, int64_t, int64_t, int64_t, int64_t, int, float, float);
+using ChunkAttentionFn = int (*)(const void*, int64_t, int64_t, const void*, int64_t, int64_t, const void*, int64_t,
+                                 int64_t, void*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int);
 
 }  // namespace
 
@@ -88,12 +95,19 @@ struct CfStep {
   const void* cos;         // [batch, head_dim]
   const void* sin;         // [batch, head_dim] (sign-folded, qwen3.Rotary)
   const int64_t* slots;    // [batch]
-  const int64_t* block_tables;  // [batch, table_width]
+  const int64_t* block_tables;  // [decodes, table_width]
   int64_t table_width;
-  const int64_t* context_lens;  // [batch]
+  const int64_t* context_lens;  // [decodes]
   void* out;                    // [batch, hidden]
   void* workspace;              // cf_decode_stack_workspace(model, batch) bytes, 64-byte aligned
   int threads;
+  // Rows 0 .. decodes - 1 are decodes (block_tables and context_lens: theirs); rows decodes .. batch - 1,
+  // where decodes < batch, are one prompt chunk at positions chunk_start onwards.
+  int64_t decodes;
+  int64_t chunk_start;
+  const int64_t* chunk_blocks;  // its sequence's blocks from position 0, ceil((chunk_start + rows) / block_size)
+  void* chunk_kv;               // [2][kv_heads][those blocks * block_size][head_dim] of the model's dtype
+  void* chunk_attention;        // cf_chunk_attention_* of the model's dtype (causal, k/v from position 0)
 };
 
 }  // extern "C"
@@ -153,7 +167,11 @@ int64_t cf_decode_stack_workspace(const CfModel* model, int64_t batch) {
 int cf_decode_stack(const CfModel* model, const CfStep* step) {
   const CfModel& m = *model;
   const int64_t B = step->batch;
-  if (B < 1 || m.layers < 1 || !step->workspace) return 1;
+  const int64_t decodes = step->decodes, chunk = B - decodes;
+  if (B < 1 || m.layers < 1 || !step->workspace || decodes < 0 || decodes > B) return 1;
+  if (chunk && (m.fp8 || !step->chunk_blocks || !step->chunk_kv || !step->chunk_attention || step->chunk_start < 0))
+    return 1;
+  auto chunk_attention = reinterpret_cast<ChunkAttentionFn>(step->chunk_attention);
   const CfKernels& k = m.kernels;
   auto rms_norm = reinterpret_cast<RmsNormFn>(k.rms_norm);
   auto add_rms_norm = reinterpret_cast<AddRmsNormFn>(k.add_rms_norm);
@@ -171,6 +189,13 @@ int cf_decode_stack(const CfModel* model, const CfStep* step) {
   const int64_t I = m.intermediate;
   const int T = step->threads;
   const int64_t slots_per_head = m.num_blocks * m.block_size;
+  // the chunk's keys and values, gathered from the cache: [kv_heads][chunk_len][D] each
+  const int64_t chunk_ctx = step->chunk_start + chunk;
+  const int64_t chunk_blocks = (chunk_ctx + m.block_size - 1) / m.block_size;
+  const int64_t chunk_len = chunk_blocks * m.block_size;
+  const int64_t block_bytes = m.block_size * D * e;
+  char* chunk_k = static_cast<char*>(step->chunk_kv);
+  char* chunk_v = chunk ? chunk_k + m.kv_heads * chunk_len * D * e : nullptr;
 
   for (int64_t i = 0; i < m.layers; ++i) {
     const CfLayer& L = m.layer[i];
@@ -196,10 +221,23 @@ int cf_decode_stack(const CfModel* model, const CfStep* step) {
     if (stored) return fail + 4;
     for (int64_t b = 0; b < B; ++b)  // q heads, contiguous (paged_decode.py's q.contiguous())
       std::memcpy(buf.q + b * q_size * e, buf.qk + b * heads_qk * D * e, q_size * e);
-    if (paged_decode(buf.q, L.key_cache, L.value_cache, buf.att, step->block_tables, step->context_lens, B, m.heads,
-                     m.kv_heads, m.num_blocks, m.block_size, step->table_width, D, m.scale, m.bf16, T, m.fp8,
-                     L.k_scale, L.v_scale))
+    if (decodes && paged_decode(buf.q, L.key_cache, L.value_cache, buf.att, step->block_tables, step->context_lens,
+                                decodes, m.heads, m.kv_heads, m.num_blocks, m.block_size, step->table_width, D, m.scale,
+                                m.bf16, T, m.fp8, L.k_scale, L.v_scale))
       return fail + 5;
+    if (chunk) {  // its keys and values (this step's included, just stored) in position order, then attend
+      for (int64_t h = 0; h < m.kv_heads; ++h)
+        for (int64_t j = 0; j < chunk_blocks; ++j) {
+          const int64_t from = (h * slots_per_head + step->chunk_blocks[j] * m.block_size) * D * e;
+          const int64_t to = (h * chunk_len + j * m.block_size) * D * e;
+          std::memcpy(chunk_k + to, static_cast<const char*>(L.key_cache) + from, block_bytes);
+          std::memcpy(chunk_v + to, static_cast<const char*>(L.value_cache) + from, block_bytes);
+        }
+      if (chunk_attention(buf.q + decodes * q_size * e, q_size, D, chunk_k, chunk_len * D, D, chunk_v, chunk_len * D,
+                          D, buf.att + decodes * q_size * e, chunk, m.heads, m.kv_heads, D, step->chunk_start,
+                          m.scale, T))
+        return fail + 5;
+    }
     if (linear(m, L.o, buf.att, B, q_size, buf.a, T)) return fail + 6;
     if (add_rms_norm(buf.a, residual, B, H, L.post_norm, m.eps, buf.h, m.bf16, T)) return fail + 7;
     if (m.halves) {

@@ -5,8 +5,9 @@ Why: a oneDNN matmul primitive is built (its kernel JIT-compiled) for every new 
 and a serving engine's steps have a new M nearly every time (prompt chunks of every length beside
 the decodes). On an AMX Xeon, one thread, the four linears of a ``small`` layer at a new M of ~2,000
 cost ~19 ms more than at one seen before (1.0 / 0.8 / 3.8 / 2.1 ms vs 4.9 / 3.3 / 15.7 / 5.3),
-~10% of a bf16 prefill step. Up to ``EXACT_UP_TO`` rows (decode batches) the count is kept: those
-shapes repeat by themselves; above it rows go up to a multiple of ``BUCKET``: at most
+~10% of a bf16 prefill step. Up to ``EXACT_UP_TO`` rows (decode batches, a short chunk beside them)
+the count is kept: every linear there runs the packed kernel (``packed_gemv.MAX_ROWS``), which
+builds nothing per shape; above it rows go up to a multiple of ``BUCKET``: at most
 ``BUCKET - 1`` padding rows (1.5% of a 2,048-token step), whose results are dropped.
 
 The buckets only pay if oneDNN keeps every bucket's primitives. A 2,048-token step budget has 96
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from chatfleet.native_caches import ONEDNN_PRIMITIVE_CACHE, widen_native_cache
 
-EXACT_UP_TO = 32
+EXACT_UP_TO = 64  # = packed_gemv.MAX_ROWS: up to here every linear runs the packed kernel, no oneDNN shape
 BUCKET = 32
 PRIMITIVE_CACHE_CAPACITY = 4096  # 12 entries for each of 341 row counts (a ~10,000-token step budget)
 
