@@ -13,7 +13,9 @@ step is divided by its own round's floor: the table shows the median of those ra
 range, and the JSON keeps every round's floor.
 Prints a table and writes JSON (with the machine: CPU model, flags, threads, load) to
 benchmarks/results/. CPU time (process) is printed next to wall time: on a shared machine it
-shows the runner's own cost. `--no-floor` skips the floor measurement.
+shows the runner's own cost. `--no-floor` skips the floor measurement. The objects alive once the
+runners are built are frozen out of the garbage collector's passes, as the engine's process freezes
+its own at start-up (``protocol/startup_gc.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from chatfleet.engine.models.loader import load_model
 from chatfleet.engine.outputs import ScheduledChunk, SchedulerOutput
 from chatfleet.engine.request import SamplingParams
 from chatfleet.engine.runner.torch_runner import TorchRunner
+from chatfleet.protocol.startup_gc import freeze_startup_objects
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_floor import Floor, StepWork, against_floor, decode_work, measure_floor  # noqa: E402
@@ -122,6 +125,7 @@ def main() -> None:
     runners = [TorchRunner(loaded, blocks, BLOCK, kv_cache_dtype=args.kv_cache_dtype, decode_kernel=k)
                for k in kernels]
     runner = runners[0]
+    freeze_startup_objects()  # as the engine's process does once it is up: GC passes walk only what steps make
     params = SamplingParams(max_tokens=args.steps + 1, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=True)
     works: dict[int, StepWork] = {}
