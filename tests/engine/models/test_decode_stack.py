@@ -141,15 +141,24 @@ def test_a_prompt_chunk_beside_the_decodes_gets_the_modules_bits(loaded, monkeyp
     assert stacked.stack_steps == 6 + prompt_steps_in_the_stack(batch, "auto")
 
 
+@pytest.mark.parametrize(("batch", "chunk", "prompts", "continued"),
+                         [(0, 4, 2, False), (5, 6, 3, True), (9, 17, 3, False), (2, 20, 3, True)])
+def test_several_prompt_chunks_beside_the_decodes_get_the_modules_bits(loaded, monkeypatch, batch, chunk, prompts,
+                                                                        continued):
+    """Several turns joining in one step: each chunk attends over its own sequence's keys."""
+    stacked = same_bits_both_ways(loaded, monkeypatch, batch=batch, mixed_prompt=True, continued=continued,
+                                  chunk=chunk, prompts=prompts)
+    assert stacked.stack_steps == 6 + prompt_steps_in_the_stack(batch, "auto")
+
+
 def test_steps_the_stack_does_not_take_run_the_modules(loaded, monkeypatch):
     rec = Recorder(loaded.model, monkeypatch)
     decode_steps(loaded, True, packed_gemv.MAX_ROWS + 1, steps=2)  # more rows than the packed kernel takes
     assert rec.stack_steps == prompt_steps_in_the_stack(packed_gemv.MAX_ROWS + 1, "auto")
     rec.stack_steps = 0
-    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True, prompts=2)  # two prompt chunks in every step
-    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True, chunk=packed_gemv.MAX_ROWS)  # one, too long
-    decode_steps(loaded, True, 3, kv="fp8", steps=2, mixed_prompt=True)  # one, over an FP8 cache
-    assert rec.stack_steps == 2 * prompt_steps_in_the_stack(3, "auto") + prompt_steps_in_the_stack(3, "fp8")
+    decode_steps(loaded, True, 3, steps=2, mixed_prompt=True, chunk=packed_gemv.MAX_ROWS)  # a chunk too long
+    decode_steps(loaded, True, 3, kv="fp8", steps=2, mixed_prompt=True)  # one over an FP8 cache
+    assert rec.stack_steps == prompt_steps_in_the_stack(3, "auto") + prompt_steps_in_the_stack(3, "fp8")
     rec.stack_steps = 0
     decode_steps(loaded, False, 3, steps=2)  # switched off
     assert rec.stack_steps == 0

@@ -1,6 +1,6 @@
 """A step's decoder layers in one C++ call (``decode_stack_cpu.cpp``), for a Qwen3 dense model whose
 every piece of a decode step already runs in this package's C++ kernels: decode rows, and beside
-them at most one prompt chunk (a returning turn's new tokens, a short prompt).
+them prompt chunks (returning turns' new tokens, short prompts), up to ``packed_gemv.MAX_ROWS`` rows.
 
 Why: a decode step of ``small`` (8 layers) makes ~90 kernel calls from Python (per layer: the norms,
 four or five packed linears, q/k norm + RoPE, the KV store, the paged decode), each through a module
@@ -17,17 +17,17 @@ every step, and the greedy equivalence tests run through it.
 
 It takes a step (``DecodeStack.takes``) where the modules would make exactly those kernel calls: at
 most ``packed_gemv.MAX_ROWS`` rows, decode rows with the C++ decode kernel's block tables in the
-metadata, then at most one prompt chunk whose attention runs in a C++ chunk kernel (``_chunk_kernel``:
+metadata, then prompt chunks whose attention runs in a C++ chunk kernel (``_chunk_kernel``:
 AMX in bf16 where the CPU has it, else AVX-512's pair dot products; AVX-512 in float32) and whose
 cache is the model's dtype; every layer's cache present (the model's dtype or FP8 for decode rows
 alone), no KV observer (scale calibration), no sliding window; and (``build_decode_stack``) a float32
 or bfloat16 model with every linear packed where the packed kernel reads it, the MLP's halves too in
-bf16, and every kernel built. The chunk's keys and values are gathered from the cache block by block
+bf16, and every kernel built. A chunk's keys and values are gathered from the cache block by block
 into a buffer of the stack's (the modules gather the same blocks, ``attention.paged_attention``).
 Anything else runs the modules. Nothing to switch: ``Qwen3ForCausalLM`` builds it with the oneDNN
 backend; ``decode_stack_enabled = False`` (tests, A/B runs) keeps the modules.
 
-A chunk beside the decodes is the step capacity.py's ``all`` runs at its knee: one returning turn's
+Chunks beside the decodes are the steps capacity.py's ``all`` runs at its knee: a returning turn's
 ~40 new tokens joining ~15 running replies. Through the modules such a step cost ~2.3x a decode-only
 step of its decodes (AMX Xeon, bf16, one thread: 18.6 against 8.1 ms, ``profile_step.py``'s
 returning workload), most of it the Python between ~130 kernel calls.
@@ -145,7 +145,7 @@ class _Model(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [("batch", _i64), ("embeddings", _ptr), ("cos", _ptr), ("sin", _ptr), ("slots", _ptr),
                 ("block_tables", _ptr), ("table_width", _i64), ("context_lens", _ptr), ("out", _ptr),
-                ("workspace", _ptr), ("threads", _int), ("decodes", _i64), ("chunk_start", _i64),
+                ("workspace", _ptr), ("threads", _int), ("decodes", _i64), ("chunks", _i64), ("chunk_info", _ptr),
                 ("chunk_blocks", _ptr), ("chunk_kv", _ptr), ("chunk_attention", _ptr)]
 
 
@@ -237,19 +237,19 @@ class DecodeStack:
 
     def takes(self, tokens: int, meta: object, caches: Sequence[KVCache | None] | None) -> bool:
         """Whether a step of ``tokens`` rows with this metadata and these caches runs in the stack."""
-        if (not isinstance(meta, AttentionMetadata) or meta.ops is not None or len(meta.chunks) > 1
+        if (not isinstance(meta, AttentionMetadata) or meta.ops is not None
                 or meta.sliding_window is not None or not 1 <= tokens <= packed_gemv.MAX_ROWS
                 or caches is None or len(caches) < len(self._decoder_layers)):
             return False
         d = meta.num_decodes
         if d and (meta.decode_block_tables is None or meta.decode_context_lens is None):
             return False
-        if meta.chunks:
-            c = meta.chunks[0]
-            if (self._chunk_kernel is None or c.query_start != d or c.query_len != tokens - d or c.key_start
-                    or c.query_len < 1):
+        row = d
+        for c in meta.chunks:
+            if self._chunk_kernel is None or c.query_start != row or c.key_start or c.query_len < 1:
                 return False
-        elif d != tokens:
+            row += c.query_len
+        if row != tokens:
             return False
         if any(layer.self_attn.kv_observer is not None for layer in self._decoder_layers):
             return False
@@ -291,17 +291,21 @@ class DecodeStack:
         if decodes:
             ok = ok and (tables is not None and lens is not None and _plain(lens, (decodes,), torch.int64)
                          and tables.dim() == 2 and _plain(tables, (decodes, tables.shape[1]), torch.int64))
-        chunk_start, chunk_blocks, chunk_kv = 0, 0, 0
-        if meta.chunks:
-            c = meta.chunks[0]
-            blocks = -(-c.context_len // self._model.block_size)
-            ok = ok and c.query_len == batch - decodes and _plain(c.block_ids, (blocks,), torch.int64)
-            need = 2 * self.config.num_kv_heads * blocks * self._model.block_size * d
-            if self._chunk_kv.numel() < need:
-                self._chunk_kv = torch.empty(need, dtype=self.dtype)
-            chunk_start, chunk_blocks, chunk_kv = c.start_position, c.block_ids.data_ptr(), self._chunk_kv.data_ptr()
-        elif decodes != batch:
-            ok = False
+        info: list[int] = []  # per chunk: rows, first position, where its blocks start in `blocks`
+        block_lists: list[torch.Tensor] = []
+        at = most = 0
+        for c in meta.chunks:
+            n_blocks = -(-c.context_len // self._model.block_size)
+            ok = ok and _plain(c.block_ids, (n_blocks,), torch.int64)
+            info += [c.query_len, c.start_position, at]
+            block_lists.append(c.block_ids)
+            at, most = at + n_blocks, max(most, n_blocks)
+        ok = ok and decodes + sum(c.query_len for c in meta.chunks) == batch
+        chunk_info = torch.tensor(info, dtype=torch.int64) if info else None
+        blocks = (block_lists[0] if len(block_lists) == 1 else torch.cat(block_lists)) if block_lists else None
+        need = 2 * self.config.num_kv_heads * most * self._model.block_size * d
+        if self._chunk_kv.numel() < need:
+            self._chunk_kv = torch.empty(need, dtype=self.dtype)
         if not ok:
             raise ValueError("decode stack: operands not as the kernels read them (shapes, dtypes, contiguity)")
         lib = _LOADER.load()
@@ -313,7 +317,9 @@ class DecodeStack:
                      table_width=tables.shape[1] if decodes and tables is not None else 0,
                      context_lens=lens.data_ptr() if decodes and lens is not None else None, out=out.data_ptr(),
                      workspace=self._workspace.data_ptr(), threads=torch.get_num_threads(), decodes=decodes,
-                     chunk_start=chunk_start, chunk_blocks=chunk_blocks or None, chunk_kv=chunk_kv or None,
+                     chunks=len(meta.chunks), chunk_info=chunk_info.data_ptr() if chunk_info is not None else None,
+                     chunk_blocks=blocks.data_ptr() if blocks is not None else None,
+                     chunk_kv=self._chunk_kv.data_ptr() if meta.chunks else None,
                      chunk_attention=self._chunk_kernel if meta.chunks else None)
         rc = lib.cf_decode_stack(ctypes.byref(self._model), ctypes.byref(step))
         if rc:

@@ -3,10 +3,10 @@
 // chunk attention kernel), called here in the same order on the same operands, through the
 // function pointers Python hands over (each kernel stays in its own library, built with its own
 // flags). So the results are the modules' bits; what goes is the Python between the calls
-// (decode_stack.py). A step is its decode rows (one token of a sequence each) followed by at most
-// one prompt chunk (a returning turn's new tokens, say): the chunk's rows go through every
-// row-wise call with the decodes', and attend over their sequence's keys, gathered block by block
-// from the cache into the workspace, with the chunk kernel.
+// (decode_stack.py). A step is its decode rows (one token of a sequence each) followed by its
+// prompt chunks (returning turns' new tokens, say): the chunks' rows go through every row-wise call
+// with the decodes', and each chunk attends over its sequence's keys, gathered block by block from
+// the cache into the workspace, with the chunk kernel.
 //
 // Per layer, with X the hidden state coming in (layer 0: the embeddings, read only) and R the
 // residual stream (layer 0: the embeddings):
@@ -24,6 +24,7 @@
 // Two buffers (X, A) trade the residual role as the modules' tensors do; every other buffer is
 // reused by every layer. The workspace comes from the caller (cf_decode_stack_workspace).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -101,12 +102,13 @@ struct CfStep {
   void* out;                    // [batch, hidden]
   void* workspace;              // cf_decode_stack_workspace(model, batch) bytes, 64-byte aligned
   int threads;
-  // Rows 0 .. decodes - 1 are decodes (block_tables and context_lens: theirs); rows decodes .. batch - 1,
-  // where decodes < batch, are one prompt chunk at positions chunk_start onwards.
+  // Rows 0 .. decodes - 1 are decodes (block_tables and context_lens: theirs); the rows after them
+  // are `chunks` prompt chunks, one after another.
   int64_t decodes;
-  int64_t chunk_start;
-  const int64_t* chunk_blocks;  // its sequence's blocks from position 0, ceil((chunk_start + rows) / block_size)
-  void* chunk_kv;               // [2][kv_heads][those blocks * block_size][head_dim] of the model's dtype
+  int64_t chunks;
+  const int64_t* chunk_info;    // [chunks][3]: its rows, its first position, where its blocks start in chunk_blocks
+  const int64_t* chunk_blocks;  // each chunk's sequence's blocks from position 0, ceil((first + rows) / block_size)
+  void* chunk_kv;               // [2][kv_heads][the most blocks of a chunk * block_size][head_dim], the model's dtype
   void* chunk_attention;        // cf_chunk_attention_* of the model's dtype (causal, k/v from position 0)
 };
 
@@ -167,10 +169,18 @@ int64_t cf_decode_stack_workspace(const CfModel* model, int64_t batch) {
 int cf_decode_stack(const CfModel* model, const CfStep* step) {
   const CfModel& m = *model;
   const int64_t B = step->batch;
-  const int64_t decodes = step->decodes, chunk = B - decodes;
-  if (B < 1 || m.layers < 1 || !step->workspace || decodes < 0 || decodes > B) return 1;
-  if (chunk && (m.fp8 || !step->chunk_blocks || !step->chunk_kv || !step->chunk_attention || step->chunk_start < 0))
+  const int64_t decodes = step->decodes, chunks = step->chunks;
+  if (B < 1 || m.layers < 1 || !step->workspace || decodes < 0 || decodes > B || chunks < 0) return 1;
+  if (chunks && (m.fp8 || !step->chunk_info || !step->chunk_blocks || !step->chunk_kv || !step->chunk_attention))
     return 1;
+  int64_t rows = decodes, most_blocks = 0;  // the chunks' rows after the decodes, their longest context
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = step->chunk_info[3 * c], first = step->chunk_info[3 * c + 1];
+    if (n < 1 || first < 0 || step->chunk_info[3 * c + 2] < 0) return 1;
+    rows += n;
+    most_blocks = std::max(most_blocks, (first + n + m.block_size - 1) / m.block_size);
+  }
+  if (rows != B) return 1;
   auto chunk_attention = reinterpret_cast<ChunkAttentionFn>(step->chunk_attention);
   const CfKernels& k = m.kernels;
   auto rms_norm = reinterpret_cast<RmsNormFn>(k.rms_norm);
@@ -189,13 +199,10 @@ int cf_decode_stack(const CfModel* model, const CfStep* step) {
   const int64_t I = m.intermediate;
   const int T = step->threads;
   const int64_t slots_per_head = m.num_blocks * m.block_size;
-  // the chunk's keys and values, gathered from the cache: [kv_heads][chunk_len][D] each
-  const int64_t chunk_ctx = step->chunk_start + chunk;
-  const int64_t chunk_blocks = (chunk_ctx + m.block_size - 1) / m.block_size;
-  const int64_t chunk_len = chunk_blocks * m.block_size;
+  // a chunk's keys and values, gathered from the cache: [kv_heads][its blocks * block_size][D] each
   const int64_t block_bytes = m.block_size * D * e;
   char* chunk_k = static_cast<char*>(step->chunk_kv);
-  char* chunk_v = chunk ? chunk_k + m.kv_heads * chunk_len * D * e : nullptr;
+  char* chunk_v = chunks ? chunk_k + m.kv_heads * most_blocks * m.block_size * D * e : nullptr;
 
   for (int64_t i = 0; i < m.layers; ++i) {
     const CfLayer& L = m.layer[i];
@@ -225,18 +232,21 @@ int cf_decode_stack(const CfModel* model, const CfStep* step) {
                                 decodes, m.heads, m.kv_heads, m.num_blocks, m.block_size, step->table_width, D, m.scale,
                                 m.bf16, T, m.fp8, L.k_scale, L.v_scale))
       return fail + 5;
-    if (chunk) {  // its keys and values (this step's included, just stored) in position order, then attend
+    for (int64_t c = 0, row = decodes; c < chunks; ++c) {  // its keys and values (this step's included,
+      const int64_t n = step->chunk_info[3 * c], first = step->chunk_info[3 * c + 1];  // just stored) in order
+      const int64_t* blocks = step->chunk_blocks + step->chunk_info[3 * c + 2];
+      const int64_t nblk = (first + n + m.block_size - 1) / m.block_size, len = nblk * m.block_size;
       for (int64_t h = 0; h < m.kv_heads; ++h)
-        for (int64_t j = 0; j < chunk_blocks; ++j) {
-          const int64_t from = (h * slots_per_head + step->chunk_blocks[j] * m.block_size) * D * e;
-          const int64_t to = (h * chunk_len + j * m.block_size) * D * e;
+        for (int64_t j = 0; j < nblk; ++j) {
+          const int64_t from = (h * slots_per_head + blocks[j] * m.block_size) * D * e;
+          const int64_t to = (h * len + j * m.block_size) * D * e;
           std::memcpy(chunk_k + to, static_cast<const char*>(L.key_cache) + from, block_bytes);
           std::memcpy(chunk_v + to, static_cast<const char*>(L.value_cache) + from, block_bytes);
         }
-      if (chunk_attention(buf.q + decodes * q_size * e, q_size, D, chunk_k, chunk_len * D, D, chunk_v, chunk_len * D,
-                          D, buf.att + decodes * q_size * e, chunk, m.heads, m.kv_heads, D, step->chunk_start,
-                          m.scale, T))
+      if (chunk_attention(buf.q + row * q_size * e, q_size, D, chunk_k, len * D, D, chunk_v, len * D, D,
+                          buf.att + row * q_size * e, n, m.heads, m.kv_heads, D, first, m.scale, T))
         return fail + 5;
+      row += n;
     }
     if (linear(m, L.o, buf.att, B, q_size, buf.a, T)) return fail + 6;
     if (add_rms_norm(buf.a, residual, B, H, L.post_norm, m.eps, buf.h, m.bf16, T)) return fail + 7;
