@@ -42,13 +42,17 @@ AMX Xeon, one thread, ``small``'s [3072, 1024] and [1024, 3072]: 0.24-0.29 ms at
 A/B runs) and 0.27-0.32 ms for oneDNN's. (At 38+ rows oneDNN's AMX product splits K from K = 512:
 a prompt step's rows get other bits than decode rows there, as on Zen 4 at K = 1,536.)
 
-Up to 64 rows (``MAX_ROWS``), not 32: a step of a few decodes beside one short prompt chunk (a
-returning turn's new tokens) has 40-64 rows, and the decode stack runs such steps in one C++ call
-(``decode_stack.py``) only where the modules would call these kernels for every linear. Measured on
-an AMX Xeon, ``small``'s products in layer order (weights evicted between passes), the kernel
-against oneDNN's prepacked product: bf16 one thread 0.97x-1.01x at 40-64 rows (0.82x-0.85x at
-16-32), two threads 0.93x-0.97x; float32 one thread 0.84x-0.89x. Each row's bits stay its own up to
-64 rows (oneDNN's split K at 38+ rows gave rows other bits with other rows beside them).
+Up to 128 rows (``MAX_ROWS``), not 32: a step of decodes beside returning turns' new tokens has
+40-128 rows (at ``capacity.py``'s ``all`` knee three in four steps that carried a prompt chunk had
+more than 64), and the decode stack runs such steps in one C++ call (``decode_stack.py``) only where
+the modules would call these kernels for every linear. Measured on an AMX Xeon, ``small``'s
+products in layer order (weights evicted between passes), the kernel's time over oneDNN's prepacked
+product: bf16 one thread 0.82x-0.85x at 16-32 rows, 0.97x-1.01x at 40-64, 1.06x / 1.08x at 96 /
+128 (1.20x / 1.25x at 192 / 256: there oneDNN's GEMM pulls ahead), two threads 0.93x-0.97x at 40-64;
+float32 one thread 0.84x-0.91x at 16-64, 0.99x / 1.07x at 96 / 128. The stack's Python saved (~5 ms
+a returning-turn step) outweighs the few tenths of a millisecond lost at 96-128 rows. Each row's bits
+stay its own up to 128 rows (oneDNN's split K at 38+ rows gave rows other bits with other rows
+beside them).
 
 Built like the other CPU kernels (``cpu_kernel_build``): system compiler at first use, cached by
 source, compiler and CPU, loaded with ctypes; only where the CPU has AVX-512 (F, BW).
@@ -71,7 +75,7 @@ FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenm
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPES = (torch.float32, torch.bfloat16)
 BLOCK_WIDTHS = (64, 32, 16)  # outputs per packed block, the widths the kernel has code for
-KERNEL_MAX_ROWS = 64  # rows the kernel takes in one call (MAX_ROWS in packed_gemv_cpu.cpp)
+KERNEL_MAX_ROWS = 128  # rows the kernel takes in one call (MAX_ROWS in packed_gemv_cpu.cpp)
 MAX_ROWS = KERNEL_MAX_ROWS  # rows that take the kernel (more: oneDNN; see the docstring)
 ONEDNN_SAME_BITS_ROWS = 32  # up to here oneDNN's own product gives these rows the kernel's bits (K <= 512)
 

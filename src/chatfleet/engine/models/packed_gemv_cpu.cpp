@@ -31,7 +31,7 @@
 namespace {
 
 constexpr int MAX_ROWS_AT_ONCE = 4;  // rows whose sums share a pass over a chunk, in registers
-constexpr int64_t MAX_ROWS = 64;  // rows a call takes
+constexpr int64_t MAX_ROWS = 128;  // rows a call takes
 constexpr int64_t CHUNK_BYTES = 8192;  // of a block, streamed once and read from L1 by every group of rows
 constexpr int64_t AHEAD_BYTES = 8192;  // software prefetch distance: one thread streams ~1.6x faster with it
 

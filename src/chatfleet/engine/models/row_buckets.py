@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from chatfleet.native_caches import ONEDNN_PRIMITIVE_CACHE, widen_native_cache
 
-EXACT_UP_TO = 64  # = packed_gemv.MAX_ROWS: up to here every linear runs the packed kernel, no oneDNN shape
+EXACT_UP_TO = 128  # = packed_gemv.MAX_ROWS: up to here every linear runs the packed kernel, no oneDNN shape
 BUCKET = 32
 PRIMITIVE_CACHE_CAPACITY = 4096  # 12 entries for each of 341 row counts (a ~10,000-token step budget)
 
