@@ -154,6 +154,8 @@ class ResponseFormat(_Wire):
     def _schema(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        if self.type == "json_schema" and self.json_schema is not None and self.json_schema.schema_ is None:
+            raise ValueError("type 'json_schema' needs a 'schema' object in 'json_schema'")  # as the document says
         return self
 
 
