@@ -289,6 +289,12 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
 
+    @model_validator(mode="after")
+    def _tool_choice(self) -> ChatCompletionRequest:  # TOOL_CHOICE_RULE, as OpenAI refuses it
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice is only allowed when tools are given")
+        return self
+
     @property
     def tools_active(self) -> bool:
         """Tools are rendered into the prompt and tool-call text is parsed from the reply."""

@@ -31,7 +31,8 @@ def schemathesis_failures(url: str, examples: int, timeout: float,
                 response = case.call(base_url=url, session=session, timeout=timeout)
                 case.validate_response(response, excluded_checks=exclude(response) if exclude else [])
             except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - a failure group: every failed check
-                failures.append(f"{op.method.upper()} {op.path} {mode.name}: {str(exc)[:700]}")
+                body = repr(getattr(case, "body", None))[:400]
+                failures.append(f"{op.method.upper()} {op.path} {mode.name}: {str(exc)[:700]}\n  body: {body}")
 
         try:
             run()

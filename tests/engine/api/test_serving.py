@@ -56,6 +56,15 @@ def test_a_json_schema_format_without_its_schema_is_refused_as_the_document_says
         chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}})
 
 
+@pytest.mark.parametrize("choice", ["auto", "none", "required", {"type": "function", "function": {"name": "f"}}])
+@pytest.mark.parametrize("tools", [None, []])
+def test_a_tool_choice_without_tools_is_refused_as_the_document_says(choice, tools):
+    # TOOL_CHOICE_RULE in the OpenAPI document (and OpenAI's answer): a tool_choice needs tools;
+    # refused at validation so a gateway refuses it too (schemathesis ST201 found one forwarded)
+    with pytest.raises(ValidationError, match="tool_choice is only allowed when tools are given"):
+        chat(tool_choice=choice, tools=tools)
+
+
 @pytest.mark.parametrize("kw", [
     {"response_format": {"type": "json_object"}, "tool_choice": "required",
      "tools": [{"type": "function", "function": {"name": "f"}}]},
