@@ -34,11 +34,8 @@ def response_format_grammar(fmt: ResponseFormat | None) -> RequestGrammar | None
         return None
     if fmt.type == "json_object":
         return RequestGrammar(ANY_JSON_OBJECT, "response_format")
-    assert fmt.json_schema is not None  # the wire model requires it for type json_schema
-    schema = fmt.json_schema.schema_
-    if schema is None:
-        raise InvalidRequestError("response_format.json_schema.schema is required: give the JSON schema the"
-                                  " reply must follow", param="response_format.json_schema.schema")
+    schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+    assert schema is not None  # the wire model requires json_schema and its schema for type json_schema
     return RequestGrammar(GrammarSpec.json_schema(schema), "response_format.json_schema.schema")
 
 
