@@ -16,7 +16,9 @@ Workloads: decode = 32 streams, ~32-token prompts, 64 output tokens (steps after
 in); prefill = 4 x ~2,000-token prompts, 4 output tokens; returning (in process only) = 48
 conversations whose ~500-token first turns (unmeasured) come back with their 16-token replies and
 40 new tokens, one joining per step, 16 output tokens: the prefix-cache-hit turns capacity.py's
-`all` runs at its knee, where most steps carry one turn's prompt chunk beside ~15 decode rows.
+`all` runs at its knee, where most steps carry one turn's prompt chunk beside ~15 decode rows;
+streams32 = engine_throughput.py's 32-stream point: 96 ~500-token prompts, 64 output tokens, 32 at a
+time in a closed loop (each finished request lets the next in), every step measured.
 Prints tables and writes JSON (with the machine) to benchmarks/results/.
 
   python benchmarks/profile_step.py                                   # float32 + bf16 (where native)
@@ -62,6 +64,7 @@ class Workload:
     profile_steps: int | None  # decode-only steps to profile (None: every step of the run)
     new_tokens: int = 0  # > 0: a returning turn (history + reply + this many new tokens) is measured
     arrivals_per_step: int = 0  # > 0: the measured requests join this many a step (0: all at once)
+    requests: int = 0  # > streams: a closed loop (streams at once, the next joins as one finishes)
 
 
 WORKLOADS = {
@@ -71,6 +74,9 @@ WORKLOADS = {
     # only its new tokens (~40) and decodes a short reply, and turns keep arriving, so a step is one
     # turn's prompt chunk beside ~15 running replies' decode rows
     "returning": Workload("returning", 48, 500, 16, profile_steps=None, new_tokens=40, arrivals_per_step=1),
+    # engine_throughput.py's 32-stream point: 96 distinct ~500-token prompts, 64 output tokens, 32 at
+    # a time (a closed loop, in waves: prompt steps of ~2,000 tokens, then decode steps at batch ~32)
+    "streams32": Workload("streams32", 32, 500, 64, profile_steps=None, requests=96),
 }
 
 # ---- in-process view ----------------------------------------------------------------------------
@@ -99,6 +105,7 @@ KERNEL_ROWS = {
     "kernel:qk_norm_rope": "attention: RoPE, reshapes",
     "kernel:chunk_attention": "attention: products",
     "kernel:decode_attention": "attention: products",
+    "kernel:decode_stack": "decode stack (C++: every layer of a step of <= 128 rows)",
     "kernel:rms_norm": "norms (RMSNorm)",
     "kernel:silu_and_mul": "MLP activation",
 }
@@ -106,7 +113,8 @@ DISPATCH = "Python dispatch (model modules)"
 UNATTRIBUTED = "unattributed (rest of the step)"
 ROWS = [
     "scheduler (schedule + update)", "attention metadata (per step)", "runner (inputs, tensors, rows)",
-    DISPATCH, "linears (GEMM)", "attention: KV gather", "attention: products",
+    DISPATCH, "decode stack (C++: every layer of a step of <= 128 rows)", "linears (GEMM)", "attention: KV gather",
+    "attention: products",
     "attention: KV writes", "attention: RoPE, reshapes", "norms (RMSNorm)", "MLP activation",
     "residuals, embedding, other ops", "logits (LM head GEMM, float32 cast)", "sampling",
     "output processing (detokenize, stops)", "engine step (other)",
@@ -154,7 +162,7 @@ class Ranges:
 
     def wrap_kernels(self) -> None:
         """A range around each C++ kernel entry point, where the model's modules call it."""
-        from chatfleet.engine.models import attention, prefill_attention, qwen3, swiglu
+        from chatfleet.engine.models import attention, decode_stack, prefill_attention, qwen3, swiglu
 
         for obj, attr, kind in ((qwen3, "qk_norm_rope", "kernel:qk_norm_rope"),
                                 (qwen3, "rms_norm", "kernel:rms_norm"),
@@ -162,7 +170,8 @@ class Ranges:
                                 (swiglu, "silu_and_mul", "kernel:silu_and_mul"),  # where swiglu calls it
                                 (prefill_attention.amx, "chunk_attention_amx", "kernel:chunk_attention"),
                                 (prefill_attention.avx512, "chunk_attention_avx512", "kernel:chunk_attention"),
-                                (attention, "paged_decode", "kernel:decode_attention")):
+                                (attention, "paged_decode", "kernel:decode_attention"),
+                                (decode_stack.DecodeStack, "run", "kernel:decode_stack")):
             if not getattr(getattr(obj, attr), "_profile_range", False):  # once per process
                 self.wrap(obj, attr, kind)
 
@@ -271,7 +280,7 @@ def _requests(engine, w: Workload, tag: str, seed: int) -> list[tuple[str, list[
     params = SamplingParams(max_tokens=w.output_tokens, min_tokens=w.output_tokens, ignore_eos=True,
                             temperature=0.0)
     prompts = [[rng.randrange(3, engine.vocab_size) for _ in range(w.prompt_tokens)]  # distinct: nothing
-               for _ in range(w.streams)]                                           # shared by the cache
+               for _ in range(max(w.streams, w.requests))]                          # shared by the cache
     if w.new_tokens:  # the first turns, unmeasured; their histories come back with new tokens
         for i, ids in enumerate(prompts):
             engine.add_request(f"{tag}-first-{i}", ids, params)
@@ -295,16 +304,21 @@ def run_pass(engine, w: Workload, tag: str, seed: int, prof=None) -> dict:  # no
     pending = _requests(engine, w, tag, seed)
     window: list[float] = []
     cpu: list[float] = []
+    finished, first = 0, True  # a closed loop lets one join per finished request
     while pending or engine.has_unfinished_requests():
-        joining, pending = (pending, []) if not w.arrivals_per_step else (
-            pending[:w.arrivals_per_step], pending[w.arrivals_per_step:])
+        if w.requests > w.streams:
+            admit = w.streams if first else finished
+            joining, pending, finished, first = pending[:admit], pending[admit:], 0, False
+        else:
+            joining, pending = (pending, []) if not w.arrivals_per_step else (
+                pending[:w.arrivals_per_step], pending[w.arrivals_per_step:])
         for rid, ids, params in joining:
             engine.add_request(rid, ids, params)
         in_window = (w.profile_steps is None or (_decoding(engine) and len(window) < w.profile_steps))
         if in_window and prof is not None and not window:
             prof.__enter__()
         t0, c0 = time.perf_counter(), time.process_time()
-        engine.step()
+        finished += sum(1 for out in engine.step() if out.finished)
         if in_window:
             window.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
@@ -423,8 +437,8 @@ def profile_http(model_dir: Path, dtype: str, threads: int, w: Workload, rate: i
                                 "raw", "-o", str(raw), "--nonblocking", "--subprocesses"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # attached before the load starts
-        phase = asyncio.run(closed_loop(server.base_url, [body(w.prompt_tokens) for _ in range(2 * w.streams)],
-                                        w.streams))
+        bodies = [body(w.prompt_tokens) for _ in range(max(2 * w.streams, w.requests))]
+        phase = asyncio.run(closed_loop(server.base_url, bodies, w.streams))
         spy.send_signal(signal.SIGINT)
         _, err = spy.communicate(timeout=60)
     counts = parse_raw(raw.read_text()) if raw.exists() else {}
