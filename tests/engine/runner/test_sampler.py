@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from chatfleet.engine.request import SamplingParams
-from chatfleet.engine.runner.sampler import Sampler, SamplingRow, first_max
+from chatfleet.engine.runner.sampler import Sampler, SamplingRow, first_max, inverse_cdf_draw
 
 V = 512
 EOS, END = 7, 3  # the row's eos, and another end-of-turn token of the model
@@ -126,3 +127,27 @@ def test_logprobs_are_log_softmax_of_raw_logits():
     assert [t for t, _ in top] == raw[1].topk(4).indices.tolist()
     assert [v for _, v in top] == pytest.approx(raw[1].topk(4).values.tolist(), abs=1e-5)
     assert out[2].logprob is None
+
+
+def test_inverse_cdf_draw_picks_the_token_whose_interval_holds_u():
+    # oracle: numpy's float64 cumulative sum of the softmax, and the first sum above u * total
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(64, 300, generator=gen) * 4
+    logits[:, ::7] = float("-inf")  # masked tokens: never drawn
+    u = torch.rand(64, generator=gen)
+    u[0], u[1] = 0.0, 1.0 - 2.0**-24  # the interval's two ends
+    got = inverse_cdf_draw(logits.clone(), u)
+    for i in range(64):
+        row = logits[i].numpy()
+        p = (logits[i] - logits[i].max()).exp().numpy()
+        cdf = np.cumsum(p.astype(np.float64)).astype(np.float32)  # torch's CPU cumsum sums in float64
+        want = int(np.searchsorted(cdf, np.float32(u[i].item()) * cdf[-1], side="right"))
+        want = min(want, int(np.flatnonzero(p > 0).max()))
+        assert int(got[i]) == want
+        assert np.isfinite(row[int(got[i])])
+
+
+def test_inverse_cdf_draw_of_a_row_without_a_finite_logit_takes_its_first_max():
+    logits = torch.tensor([[float("-inf")] * 5, [0.0, float("nan"), 1.0, 2.0, 0.0], [0.0, 5.0, 0.0, 0.0, 0.0]])
+    got = inverse_cdf_draw(logits.clone(), torch.tensor([0.3, 0.3, 0.5]))
+    assert got.tolist() == [0, 1, 1]

@@ -8,9 +8,9 @@ then the grammar bitmask of structured-output rows (disallowed tokens to -inf), 
 argmax or temperature, min-p (drop tokens below ``min_p`` times the top probability),
 top-k and top-p. All of it vectorized over the batch rows that ask for it.
 
-Each sampled row draws its randomness from its own ``torch.Generator`` when it has one
-(Gumbel-max: ``argmax(logits + Gumbel noise)`` is a draw from ``softmax(logits)``), so a seeded
-request samples the same tokens whatever else is in the batch. Logprobs are ``log_softmax`` of the raw
+Each sampled row draws its randomness from its own ``torch.Generator`` when it has one (one
+uniform number a row, through the row's cumulative distribution: ``inverse_cdf_draw``), so a
+seeded request samples the same tokens whatever else is in the batch. Logprobs are ``log_softmax`` of the raw
 logits (the model's distribution, before temperature, top-k/p or masking), as vLLM reports them.
 """
 
@@ -62,6 +62,35 @@ def first_max(x: torch.Tensor) -> torch.Tensor:
     what ``argmax(dim=-1)`` returns, through ``max(dim=-1)``, which on the CPU is ~3x faster (a
     [32, 7,190] float32 batch, one thread: 334 vs 109 us)."""
     return x.max(dim=-1).indices
+
+
+def inverse_cdf_draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits`` [N, V] (float32, modified in place), drawn from
+    ``softmax(logits)`` by inverse transform: the first token whose running sum of probabilities
+    passes ``u`` [N] (uniform in [0, 1)) times the row's total. A draw from the same distribution
+    as Gumbel-max (``argmax(logits + Gumbel noise)``), with one random number per row instead of
+    one per vocabulary entry and no logarithms: the [N, V] uniforms and their two logs were most of
+    a sampled step's sampler time (AMX Xeon, one thread, temperature 1: 10 x 7,190 logits 0.29 ->
+    0.16 ms, 32 x 7,190 1.16 -> 0.49 ms, 16 x 151,936 13.3 -> 5.2 ms). The running sums are
+    float32, as the exponentials: each token's share of [0, total) is its probability to within one
+    rounding of the sum (~6e-8 of the total), and tokens at -inf (masked) have none, so they are
+    never drawn. A row with no finite logit (all masked, or a NaN) takes its first largest value
+    (``first_max``), as Gumbel-max did."""
+    top = logits.amax(dim=-1, keepdim=True)
+    finite = torch.isfinite(top.squeeze(-1))
+    all_finite = bool(finite.all())
+    fallback = None if all_finite else first_max(logits)
+    if not all_finite:
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    cdf = logits.sub_(top).exp_().cumsum_(dim=-1)
+    target = u.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first index whose sum passes it
+    past = (tokens >= cdf.shape[-1]).nonzero().flatten().tolist()
+    for i in past:  # u * total rounded up to the total: the last token with a share
+        tokens[i] = int((cdf[i] < cdf[i, -1]).sum())
+    if fallback is not None:
+        tokens = torch.where(finite, tokens, fallback)
+    return tokens
 
 
 def _argsort(x: torch.Tensor) -> torch.Tensor:
@@ -262,10 +291,9 @@ class Sampler:
                                  dtype=torch.long, device=device) if use_k else None
             top_p = torch.tensor([r.params.top_p for r in rows], dtype=sub.dtype, device=device) if use_p else None
             sub = apply_top_k_top_p(sub, top_k, top_p)
-        # Gumbel-max: argmax(logits / T + Gumbel noise) is a draw from softmax(logits / T).
-        noise = torch.empty_like(sub).uniform_(generator=self.generator)
+        # One uniform draw per row (its own generator's where it has one), through the row's CDF.
+        u = torch.rand(len(rows), generator=self.generator, device=device)
         for j, r in enumerate(rows):
             if r.generator is not None:
-                noise[j].uniform_(generator=r.generator)
-        # u = 0 gives -inf noise (never picked); -log(-log(u)) is finite for u in (0, 1).
-        return first_max(sub.add_(noise.log_().neg_().log_().neg_()))
+                u[j] = torch.rand(1, generator=r.generator, device=device)[0]
+        return inverse_cdf_draw(sub, u)
