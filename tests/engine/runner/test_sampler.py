@@ -147,6 +147,12 @@ def test_inverse_cdf_draw_picks_the_token_whose_interval_holds_u():
         assert np.isfinite(row[int(got[i])])
 
 
+def test_inverse_cdf_draw_where_u_times_the_total_reaches_the_total_takes_the_last_token_with_a_share():
+    # u = 1 stands for a u just below 1 whose product with the total rounds up to it
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), float("-inf")], [3.0, float("-inf"), 0.0, 0.0, 1.0]])
+    assert inverse_cdf_draw(logits.clone(), torch.tensor([1.0, 1.0])).tolist() == [2, 4]
+
+
 def test_inverse_cdf_draw_of_a_row_without_a_finite_logit_takes_its_first_max():
     logits = torch.tensor([[float("-inf")] * 5, [0.0, float("nan"), 1.0, 2.0, 0.0], [0.0, 5.0, 0.0, 0.0, 0.0]])
     got = inverse_cdf_draw(logits.clone(), torch.tensor([0.3, 0.3, 0.5]))

@@ -78,10 +78,9 @@ def inverse_cdf_draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (``first_max``), as Gumbel-max did."""
     top = logits.amax(dim=-1, keepdim=True)
     finite = torch.isfinite(top.squeeze(-1))
-    all_finite = bool(finite.all())
-    fallback = None if all_finite else first_max(logits)
-    if not all_finite:
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    fallback = None if bool(finite.all()) else first_max(logits)
+    if fallback is not None:
+        top = top.where(finite.unsqueeze(-1), 0.0)
     cdf = logits.sub_(top).exp_().cumsum_(dim=-1)
     target = u.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first index whose sum passes it
