@@ -7,7 +7,8 @@ into a device staging buffer and a scatter into the cache, all on the copy engin
 (``copy_engine.py``). The compute stream waits on a load's event before the forward pass reads
 it; a device block whose store is still in flight is waited on before a step writes into it
 (``before_write``). On CPU the same code runs with immediate copies: the "device" cache is host
-memory too, and a transfer is an explicit gather and scatter of whole blocks.
+memory too, and a transfer moves whole blocks in one pass over their bytes (``block_copy.py``,
+where its kernel builds; else a gather and a scatter in torch ops).
 
 Stores (device -> host) run before loads (host -> device): a block demoted this step may be the
 source of a load, and a device block evicted this step is copied out before anything writes it.
@@ -24,6 +25,7 @@ import torch
 
 from chatfleet.engine.models.attention import KVCache
 from chatfleet.engine.outputs import KVTransfer, TransferDirection, TransferStats
+from chatfleet.engine.runner.block_copy import BlockCopier
 from chatfleet.engine.runner.copy_engine import CopyEngine, CopyEvent, copy_engine_for
 
 
@@ -50,6 +52,9 @@ class HostKVTransfer:
             dtype=first.dtype, pin_memory=self._pinned,
         )
         self.bytes_per_block = 2 * len(caches) * heads * block_size * head_dim * first.element_size()
+        # CPU: one memcpy per block chunk instead of torch's gather and scatter passes
+        self._copier = None if self._pinned else BlockCopier.for_tensors(
+            self.host, [t for c in caches for t in (c.key, c.value)])
         self._stores_in_flight: dict[int, CopyEvent] = {}  # device block -> its store's event
 
     def execute(self, transfers: list[KVTransfer]) -> TransferStats:
@@ -86,6 +91,9 @@ class HostKVTransfer:
         return len(self._stores_in_flight)
 
     def _store(self, t: KVTransfer) -> None:
+        if self._copier is not None:
+            self._copier.copy(t.host_block_ids, t.device_block_ids, to_host=True)
+            return
         d_idx = torch.tensor(t.device_block_ids, dtype=torch.long, device=self.device)
         parts = []
         for c in self.caches:
@@ -100,6 +108,9 @@ class HostKVTransfer:
             self.host[h].copy_(blocks[j], non_blocking=True)
 
     def _load(self, t: KVTransfer) -> None:
+        if self._copier is not None:
+            self._copier.copy(t.host_block_ids, t.device_block_ids, to_host=False)
+            return
         if self._pinned:
             staged = torch.empty((len(t.host_block_ids), *self.host.shape[1:]), dtype=self.host.dtype,
                                  device=self.device)
