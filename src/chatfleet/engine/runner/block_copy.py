@@ -10,7 +10,7 @@ torch has no op that gathers blocks from one indexed tensor straight into anothe
 host transfers took ~5% of the engine core's time: a returning turn's ~78 blocks (5.1 MB) loaded
 in 1.6-1.8 ms and stored in 2.0-2.4 ms. Measured numbers are in benchmarks/README.md.
 
-Layouts (checked before each call, else the torch path runs): the host tier
+Layouts (checked when the copier is built, else the torch path runs): the host tier
 ``[host_blocks, 2 * layers, heads, block_size, head_dim]``, contiguous; each cache tensor
 ``[heads, num_blocks, block_size, head_dim]`` with its last two dims contiguous, every tensor the
 host's per-block chunk (block_size * head_dim elements of the host's dtype) long per block. Block
