@@ -39,13 +39,13 @@ def test_kernel_moves_the_bytes_torch_moves(dtype):
         host = rng.sample(range(9), n)
         direction = rng.choice((TransferDirection.STORE, TransferDirection.LOAD))
         plan = [KVTransfer(direction, tuple(device), tuple(host))]
-        a, b = fast.execute(plan), slow.execute(plan)
-        assert (a.blocks_stored, a.blocks_loaded, a.bytes_stored, a.bytes_loaded) == \
-            (b.blocks_stored, b.blocks_loaded, b.bytes_stored, b.bytes_loaded)
+        got, want = fast.execute(plan), slow.execute(plan)
+        assert (got.blocks_stored, got.blocks_loaded, got.bytes_stored, got.bytes_loaded) == \
+            (want.blocks_stored, want.blocks_loaded, want.bytes_stored, want.bytes_loaded)
         assert torch.equal(fast.host.view(torch.uint8), slow.host.view(torch.uint8))
-        for a, b in zip(ours, theirs, strict=True):
-            assert torch.equal(a.key.view(torch.uint8), b.key.view(torch.uint8))
-            assert torch.equal(a.value.view(torch.uint8), b.value.view(torch.uint8))
+        for mine, ref in zip(ours, theirs, strict=True):
+            assert torch.equal(mine.key.view(torch.uint8), ref.key.view(torch.uint8))
+            assert torch.equal(mine.value.view(torch.uint8), ref.value.view(torch.uint8))
 
 
 @needs_kernel
@@ -56,6 +56,7 @@ def test_layouts_the_kernel_does_not_read_keep_the_torch_ops():
     strided = torch.zeros(2, 6, 8, 4).transpose(2, 3)  # [heads, blocks, block, dim], dim not contiguous
     assert BlockCopier.for_tensors(host, [key, strided]) is None
     assert BlockCopier.for_tensors(host, [key]) is None  # the host holds two tensors a block
+    assert BlockCopier.for_tensors(host, [key[0], key[1]]) is None  # not [heads, blocks, block, dim]
     assert BlockCopier.for_tensors(host, [key, key.double()]) is None  # another element size
 
 

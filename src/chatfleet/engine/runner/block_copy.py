@@ -73,13 +73,14 @@ class BlockCopier:
     @classmethod
     def for_tensors(cls, host: torch.Tensor, tensors: Sequence[torch.Tensor]) -> BlockCopier | None:
         """A copier where the kernel is loaded and the layouts are the ones it reads, else None."""
-        if not tensors or host.device.type != "cpu" or not host.is_contiguous() or host.dim() != 5:
+        if (not tensors or host.device.type != "cpu" or not host.is_contiguous() or host.dim() != 5
+                or any(t.dim() != 4 for t in tensors)):
             return None
         heads, _, block, dim = tensors[0].shape
         if host.shape[1:] != (len(tensors), heads, block, dim):
             return None
         for t in tensors:
-            if (t.device.type != "cpu" or t.dim() != 4 or t.shape[0] != heads or t.shape[2:] != (block, dim)
+            if (t.device.type != "cpu" or t.shape[0] != heads or t.shape[2:] != (block, dim)
                     or t.element_size() != host.element_size() or t.stride(3) != 1 or t.stride(2) != dim
                     or t.stride(1) != block * dim):
                 return None
