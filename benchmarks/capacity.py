@@ -5,7 +5,8 @@ KV budget, in one run: the knee (live chats within the SLO) and goodput of
 
 - ``stock``: the engine's defaults (prefix cache, chunked prefill, LRU, FCFS, no host tier);
 - each technique alone: ``host_tier``, ``session_eviction``, ``lpm``, ``cap``;
-- ``all``: every technique together;
+- ``all``: the tuned default together (``cap``, ``host_tier``, ``session_eviction``; ``lpm`` asked
+  for by name, see ``chatfleet.bench.techniques``);
 - ``all_fp8``: ``all`` with an FP8 KV cache (opt-in technique ``fp8_kv``: twice the tokens in the
   same bytes, scales measured from the first 512 prompt tokens; its accuracy in
   ``fp8_accuracy.py``);

@@ -29,7 +29,7 @@ def test_missing_techniques_are_named_not_dropped(monkeypatch):
     monkeypatch.setattr(techniques, "engine_fields", lambda: frozenset({"scheduler.max_running"}))
     a = engine_args(TECHNIQUES, TechniqueSettings(max_running=3), ("--kv-cache-tokens", "2048"))
     assert a.args == ("--kv-cache-tokens", "2048", "--max-running", "3")
-    assert a.applied == ("cap",) and set(a.missing) == {"host_tier", "session_eviction", "lpm"}
+    assert a.applied == ("cap",) and set(a.missing) == {"host_tier", "session_eviction"}
     assert "not in this engine yet" in a.describe()
 
 
@@ -38,8 +38,8 @@ def test_techniques_the_engine_accepts_become_flags(monkeypatch):
               "cache.host_eviction_policy", "scheduler.policy", "scheduler.max_queue_delay"}
     monkeypatch.setattr(techniques, "engine_fields", lambda: frozenset(fields))
     monkeypatch.setattr(techniques, "_policy_known", lambda kind, name: True)
-    a = engine_args(TECHNIQUES, TechniqueSettings(host_cache_memory="64MiB", max_queue_delay_s=1.5))
-    assert a.missing == () and a.applied == TECHNIQUES
+    a = engine_args((*TECHNIQUES, "lpm"), TechniqueSettings(host_cache_memory="64MiB", max_queue_delay_s=1.5))
+    assert a.missing == () and a.applied == (*TECHNIQUES, "lpm")
     assert "--host-cache-memory" in a.args and a.args[a.args.index("--host-cache-memory") + 1] == "64MiB"
     assert a.args[a.args.index("--eviction-policy") + 1] == "session"
     assert a.args[a.args.index("--scheduling-policy") + 1] == "lpm"
@@ -57,7 +57,8 @@ def test_engine_fields_read_from_the_engine_config():
 def test_fp8_kv_is_opt_in_and_its_flags_parse_as_an_fp8_engine():
     from chatfleet.engine.argv import parse_engine_argv
 
-    assert "fp8_kv" not in TECHNIQUES  # never in the tuned default
+    assert "fp8_kv" not in TECHNIQUES and "lpm" not in TECHNIQUES  # never in the tuned default
+    assert "--scheduling-policy" not in engine_args(TECHNIQUES, TechniqueSettings()).args  # tuned: fcfs
     assert techniques.series_techniques("all") == TECHNIQUES and techniques.series_techniques("stock") == ()
     assert techniques.series_techniques("all_fp8") == (*TECHNIQUES, "fp8_kv")
     assert techniques.series_techniques("lpm") == ("lpm",)  # any other series: that technique alone

@@ -38,7 +38,7 @@ def test_demo_sweeps_stock_and_tuned_at_one_budget_and_writes_the_report(tmp_pat
     assert args["stock"] == ["--kv-cache-tokens", "1024"]
     assert args["tuned"][:2] == ["--kv-cache-tokens", "1024"] and "--max-running" in args["tuned"]
     assert set(doc["settings"]["tuned_techniques"]) | set(doc["settings"]["tuned_techniques_missing"]) == {
-        "cap", "host_tier", "session_eviction", "lpm"}
+        "cap", "host_tier", "session_eviction"}
     for name, sw in doc["series"].items():
         assert sw["points"], name
         assert len(sw["knee_spread"]["knees"]) == 2

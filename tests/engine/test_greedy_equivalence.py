@@ -128,6 +128,13 @@ def test_chunked_prefill_equals_unchunked(loaded, prompts, alone, attention):
     assert got == alone
 
 
+def test_mixed_step_budget_equals_alone(loaded, prompts, alone, attention):
+    # prompts joining two steps apart are cut to the 6 tokens a step has beside the decodes
+    engine = make_engine(loaded, prefix=False, mixed_step_tokens=6, attention=attention)
+    got = run(engine, {f"r{i}": p for i, p in enumerate(prompts)}, stagger=2)
+    assert got == alone
+
+
 def test_prefix_cache_hit_equals_cold(loaded, prompts, alone, attention):
     engine = make_engine(loaded, attention=attention)
     run(engine, {"warm": prompts[0]})

@@ -64,6 +64,34 @@ def test_long_prompt_is_chunked_while_running_requests_keep_decoding():
     assert a.num_output_tokens == 6
 
 
+def test_mixed_step_tokens_cut_prompt_chunks_beside_decodes_only():
+    sched, runner = make(max_batched_tokens=32, mixed_step_tokens=6)
+    first = req("first", 30, 0.0, max_tokens=20)
+    sched.add_request(first)
+    plan = step(sched, runner)  # nothing decodes yet: the whole budget
+    assert [c.num_tokens for c in plan.chunks] == [30] and first.num_output_tokens == 1
+    late = req("late", 30, 1.0, max_tokens=2)
+    sched.add_request(late)
+    sizes = []
+    while late.num_output_tokens == 0:
+        plan = step(sched, runner)
+        by_id = {c.request_id: c.num_tokens for c in plan.chunks}
+        assert by_id["first"] == 1 and plan.num_batched_tokens <= 6  # the decode always, then 5 prompt tokens
+        sizes.append(by_id["late"])
+    assert sizes == [5] * 6
+    assert sched.step_budget(0) == 32 and sched.step_budget(2) == 6 and sched.step_budget(9) == 9
+    sched, runner = make(max_batched_tokens=32, mixed_step_tokens=1)  # decodes never cut
+    for rid in ("a", "b"):
+        sched.add_request(req(rid, 3, 0.0, max_tokens=5))
+    step(sched, runner)
+    sched.add_request(req("c", 4, 1.0, max_tokens=5))
+    plan = step(sched, runner)
+    assert sorted(c.request_id for c in plan.chunks) == ["a", "b"]  # no room beside two decodes
+    drain(sched, runner)
+    with pytest.raises(ConfigError, match="mixed_step_tokens"):
+        SchedulerConfig(mixed_step_tokens=0)
+
+
 def test_decodes_go_before_an_earlier_unfinished_prompt():
     sched, runner = make(max_batched_tokens=4)
     short = req("s", 2, 1.0, max_tokens=10)

@@ -15,12 +15,18 @@ from dataclasses import dataclass
 from chatfleet.engine.argv import field_paths, flag_for
 from chatfleet.errors import ConfigError
 
-TECHNIQUES = ("cap", "host_tier", "session_eviction", "lpm")
-# Asked for by name, never part of TECHNIQUES' tuned default: an FP8 (e4m3) KV cache, twice the
-# tokens in the same bytes, with per-layer scales measured from the first prompt tokens where the
-# checkpoint has none. It changes what the model computes (within fp8_accuracy.py's bound), so a
-# comparison using it gives the device budget in bytes (--kv-cache-memory), not tokens.
-OPT_IN_TECHNIQUES = ("fp8_kv",)
+TECHNIQUES = ("cap", "host_tier", "session_eviction")
+# Asked for by name, never part of TECHNIQUES' tuned default:
+# - fp8_kv: an FP8 (e4m3) KV cache, twice the tokens in the same bytes, with per-layer scales
+#   measured from the first prompt tokens where the checkpoint has none. It changes what the model
+#   computes (within fp8_accuracy.py's bound), so a comparison using it gives the device budget in
+#   bytes (--kv-cache-memory), not tokens.
+# - lpm: longest cached prefix first. With a host tier nearly every returning turn is a hit (~92%
+#   of its tokens at capacity.py's knee, the same under fcfs), so lpm only reorders the queue: near
+#   saturation it serves most turns at once and holds the rest to its max-wait guard, so the TTFT
+#   p95 sits at the guard where fcfs shares the wait (AMX Xeon, bf16, 288 chats: lpm's p95 2.05-2.12
+#   s in eight windows, fcfs's 1.35-1.59 s in three; benchmarks/README.md, "the queue's order").
+OPT_IN_TECHNIQUES = ("fp8_kv", "lpm")
 # The benchmarks' chatfleet series by name: stock, every default technique, and those with an FP8
 # cache; any other series name is that one technique alone.
 SERIES_TECHNIQUES: dict[str, tuple[str, ...]] = {"stock": (), "all": TECHNIQUES, "all_fp8": (*TECHNIQUES, "fp8_kv")}
@@ -34,6 +40,10 @@ def series_techniques(name: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class TechniqueSettings:
     max_running: int = 4  # the cap: requests in the batch
+    # The cap on a step's tokens while replies decode (--mixed-step-tokens): 128, the rows the CPU's
+    # decode stack takes in one call (packed_gemv.MAX_ROWS), so a returning turn's prompt chunk
+    # joins the decode rows there instead of sending the step through the modules.
+    mixed_step_tokens: int = 128
     host_cache_memory: str = "256MiB"  # host tier size
     max_queue_delay_s: float = 2.0  # lpm's starvation guard
     kv_scales_from_prompts: int = 512  # fp8_kv: prompt tokens its scales are measured from
@@ -41,6 +51,8 @@ class TechniqueSettings:
     def __post_init__(self) -> None:
         if self.max_running < 1:
             raise ConfigError("the cap (max running) must be >= 1")
+        if self.mixed_step_tokens < 1:
+            raise ConfigError("the cap on a mixed step's tokens must be >= 1")
         if self.kv_scales_from_prompts < 1:
             raise ConfigError("fp8_kv's scales need >= 1 prompt token")
         if self.max_queue_delay_s <= 0:
@@ -79,7 +91,8 @@ def _policy_known(kind: str, name: str) -> bool:
 def _settings(name: str, s: TechniqueSettings) -> tuple[tuple[str, str], ...]:
     """A technique's ``(field path, flag value)`` pairs; the first is the one it needs."""
     if name == "cap":
-        return (("scheduler.max_running", str(s.max_running)),)
+        return (("scheduler.max_running", str(s.max_running)),
+                ("scheduler.mixed_step_tokens", str(s.mixed_step_tokens)))
     if name == "host_tier":
         return (("cache.host_memory_bytes", s.host_cache_memory),)
     if name == "session_eviction":

@@ -95,6 +95,10 @@ def engine(
     max_batched_tokens: int = typer.Option(
         _S.max_batched_tokens, "--max-batched-tokens", help="Per-step token budget (chunked prefill)."
     ),
+    mixed_step_tokens: int | None = typer.Option(
+        _S.mixed_step_tokens, "--mixed-step-tokens",
+        help="Token budget of a step that carries decode rows (default: --max-batched-tokens).",
+    ),
     no_chunked_prefill: bool = typer.Option(
         False, "--no-chunked-prefill", help="Prefill a prompt in one step of its own (split only if over the budget)."
     ),
@@ -161,6 +165,7 @@ def engine(
             ),
             scheduler=SchedulerConfig(
                 max_batched_tokens=max_batched_tokens,
+                mixed_step_tokens=mixed_step_tokens,
                 max_running=max_running,
                 max_waiting=max_waiting,
                 enable_chunked_prefill=not no_chunked_prefill,

@@ -97,6 +97,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--sliding-memory-fraction", "cache.sliding_memory_fraction", "float"),
     Flag("--keep-slid-out-blocks", "cache.keep_slid_out_blocks", "bool"),
     Flag("--max-batched-tokens", "scheduler.max_batched_tokens", "int"),
+    Flag("--mixed-step-tokens", "scheduler.mixed_step_tokens", "int"),
     Flag("--max-running", "scheduler.max_running", "int"),
     Flag("--max-waiting", "scheduler.max_waiting", "int"),
     Flag("--no-chunked-prefill", "scheduler.enable_chunked_prefill", "switch"),

@@ -99,6 +99,11 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batched_tokens: int = 2048  # per-step token budget
+    # --mixed-step-tokens: the budget of a step that carries decode rows (prompt chunks beside them
+    # are cut to fit; the decodes themselves always run); None: max_batched_tokens. Short mixed
+    # steps keep running replies' inter-token time low (Sarathi-Serve's stall-free batching) and,
+    # on the CPU, every step inside the decode stack's rows (Scheduler.step_budget).
+    mixed_step_tokens: int | None = None
     max_running: int = 256  # concurrency cap: requests in the batch
     max_waiting: int = 1024  # bounded waiting queue; beyond it: 503
     enable_chunked_prefill: bool = True
@@ -114,6 +119,8 @@ class SchedulerConfig:
             raise ConfigError(f"lpm_host_weight must be in [0, 1], got {self.lpm_host_weight}")
         if self.max_batched_tokens < 1:
             raise ConfigError("max_batched_tokens must be >= 1")
+        if self.mixed_step_tokens is not None and self.mixed_step_tokens < 1:
+            raise ConfigError("mixed_step_tokens must be >= 1")
         if self.max_running < 1:
             raise ConfigError("max_running must be >= 1")
         if self.max_waiting < 0:

@@ -186,7 +186,7 @@ class DecodeSpan:
         j = len(self.costs)
         s, kv = self.scheduler, self.kv
         n = self._num_alive
-        budget = s.config.max_batched_tokens - n  # after the decodes, as schedule() counts it
+        budget = s.step_budget(n) - n  # after the decodes, as schedule() counts it
         if budget < 0:
             return None
         allocations = self._allocations.get(j)

@@ -3,8 +3,9 @@
 There is no prefill or decode phase: every running request needs ``num_tokens -
 num_computed_tokens`` more tokens computed (1 for a decode, more for a prompt or a recompute).
 Each step, decodes go first, then unfinished prompts, then waiting requests (chunked prefill),
-all under ``max_batched_tokens``. When the pool is full, the policy's victim is preempted by
-recompute: its blocks are freed and it returns to the front of the waiting queue.
+all under ``max_batched_tokens`` (``mixed_step_tokens`` where the step has decodes:
+``step_budget``). When the pool is full, the policy's victim is preempted by recompute: its
+blocks are freed and it returns to the front of the waiting queue.
 """
 
 from __future__ import annotations
@@ -103,14 +104,23 @@ class Scheduler:
         self._finished_ids[:0] = request_ids
 
     # ---- planning -----------------------------------------------------------------------------
+    def step_budget(self, num_decodes: int) -> int:
+        """The step's token budget with ``num_decodes`` decode rows in it: ``max_batched_tokens``,
+        or where decodes run and ``mixed_step_tokens`` is set, that many (never fewer than the
+        decodes, which always run; prompt chunks get what they leave)."""
+        cfg = self.config
+        if num_decodes == 0 or cfg.mixed_step_tokens is None:
+            return cfg.max_batched_tokens
+        return min(cfg.max_batched_tokens, max(cfg.mixed_step_tokens, num_decodes))
+
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_batched_tokens
         chunks: list[ScheduledChunk] = []
         scheduled: set[str] = set()
         preempted: list[str] = []
 
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         others = [r for r in self.running if r.num_tokens - r.num_computed_tokens != 1]
+        budget = self.step_budget(len(decodes))
         for request in decodes + others:
             if budget == 0:
                 break

@@ -83,7 +83,6 @@ class SimReplica:
         self._on_plan = on_plan
         self._step_cost = 0.0
         self._last_plan: SchedulerOutput | None = None
-        self._budget = config.scheduler.max_batched_tokens
         max_len = config.max_model_len or 1 << 20
         self.runner = SimRunner(num_blocks, config.cache.block_size, vocab_size=SIM_VOCAB, max_model_len=max_len,
                                 cost_model=self._charge, num_host_blocks=num_host_blocks, check_contents=not fast)
@@ -235,7 +234,8 @@ class SimReplica:
         firsts: dict[str, int] = {}
         if k > 1 and self._last_plan is not None:
             chunks = self._last_plan.chunks
-            left = max(1, self._budget - sum(1 for c in chunks if c.num_tokens == 1))
+            decodes = sum(1 for c in chunks if c.num_tokens == 1)
+            left = max(1, self.engine.scheduler.step_budget(decodes) - decodes)
             firsts = {c.request_id: min(k, -(-c.num_tokens * k // left)) for c in chunks if c.sample}
         for out in outputs:
             p = self._pending.get(out.request_id)
