@@ -33,17 +33,19 @@ def _make(seed: int) -> Workload:
     return Workload(PROFILE, seed, EstimateCounter())
 
 
-@pytest.mark.parametrize("host,policy", [(0, "fcfs"), (2 * 2**20, "fcfs"), (0, "lpm")])
-def test_decode_spans_change_nothing_in_a_simulated_run(host, policy, monkeypatch):
+@pytest.mark.parametrize("host,policy,mixed", [(0, "fcfs", None), (2 * 2**20, "fcfs", None), (0, "lpm", None),
+                                               (0, "fcfs", 24)])
+def test_decode_spans_change_nothing_in_a_simulated_run(host, policy, mixed, monkeypatch):
     """The same run with decode spans on and off: every record (times, gaps, hits) identical;
-    with lpm (not head-of-line) the spans' steps run the scheduler's admission every step."""
+    with lpm (not head-of-line) the spans' steps run the scheduler's admission every step; with
+    a mixed-step budget the spans cut prompt chunks beside their lanes as ``schedule`` does."""
     span_steps = []
     step = DecodeSpan.step
     monkeypatch.setattr(DecodeSpan, "step", lambda self: span_steps.append(1) or step(self))
 
     cfg, _ = read_model_config("small")
     serving = ServingConfig(weights="fp32", kv_cache_tokens=1024, host_cache_bytes=host,
-                            scheduler=SchedulerConfig(max_running=6, policy=policy))
+                            scheduler=SchedulerConfig(max_running=6, policy=policy, mixed_step_tokens=mixed))
     plan = replica_plan(cfg, load_catalog().get("cpu"), serving)
     proto = sim_protocol(LoadSpec("closed", 8, duration_s=20, warmup_s=2), parse_slo("ttft_p99<=2s"))
 

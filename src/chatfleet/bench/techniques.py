@@ -24,8 +24,9 @@ TECHNIQUES = ("cap", "host_tier", "session_eviction")
 # - lpm: longest cached prefix first. With a host tier nearly every returning turn is a hit (~92%
 #   of its tokens at capacity.py's knee, the same under fcfs), so lpm only reorders the queue: near
 #   saturation it serves most turns at once and holds the rest to its max-wait guard, so the TTFT
-#   p95 sits at the guard where fcfs shares the wait (AMX Xeon, bf16, 288 chats: lpm's p95 2.05-2.12
-#   s in eight windows, fcfs's 1.35-1.59 s in three; benchmarks/README.md, "the queue's order").
+#   p95 sits at the guard where fcfs shares the wait (AMX Xeon, bf16, 288 chats: lpm with its 2-s
+#   guard failed 9 of 10 windows at p95 2.05-2.12 s, fcfs passed both at 1.35 / 1.59 s, and 304 in
+#   two of three; benchmarks/README.md, "the queue's order").
 OPT_IN_TECHNIQUES = ("fp8_kv", "lpm")
 # The benchmarks' chatfleet series by name: stock, every default technique, and those with an FP8
 # cache; any other series name is that one technique alone.
