@@ -25,7 +25,8 @@ side; and the 24-session eviction replay's target (``eviction_replay.py``).
 Defaults (each a flag): ``small`` in float32 (``--dtype bfloat16`` pins bf16 for every series,
 vLLM's included) with 1 thread per engine; a device KV budget of
 6,144 tokens (48 MiB), where stock's working set outgrows the pool inside its knee; 8 to 64
-chats in at most 6 points; the tuned series' cap at 16 running requests (admission is
+chats in at most 6 points; the tuned series' cap at 16 running requests and 128 tokens a step
+while replies decode (admission is
 memory-aware, so the cap bounds the batch, not what the pool holds; 8 queued first turns behind
 the batch at 144 chats in bf16, 32 measured no better than 16) and a 1 GiB host tier (every
 live chat's history at the knee); SLO ``ttft_p95<=2s,itl_p95<=500ms``; and the
@@ -98,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-points", type=int, default=6)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--mixed-step-tokens", type=int, default=128, help="The tuned series' step budget while decoding.")
     p.add_argument("--host-cache-memory", default="1GiB")
     p.add_argument("--probe-history-tokens", type=int, default=1200, help="Returning conversation's history.")
     p.add_argument("--probe-repeats", type=int, default=5)
@@ -189,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     from chatfleet.engine.builtin_models.tiny import resolve_model
 
     model_dir = resolve_model(args.model)
-    settings = TechniqueSettings(max_running=args.max_running, host_cache_memory=args.host_cache_memory)
+    settings = TechniqueSettings(max_running=args.max_running, mixed_step_tokens=args.mixed_step_tokens,
+                                 host_cache_memory=args.host_cache_memory)
     run_dir = RESULTS_DIR / time.strftime("capacity-%Y%m%d-%H%M%S")
     cfg = DemoConfig(model=args.model, profile=args.profile, pause_mean_s=args.pause_mean or None, join=args.join,
                      slo=args.slo, threads=args.threads,
