@@ -99,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-points", type=int, default=6)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-running", type=int, default=16)
-    p.add_argument("--mixed-step-tokens", type=int, default=128, help="The tuned series' step budget while decoding.")
+    p.add_argument("--mixed-step-tokens", type=int, default=TechniqueSettings.mixed_step_tokens,
+                   help="The tuned series' step budget while decoding.")
     p.add_argument("--host-cache-memory", default="1GiB")
     p.add_argument("--probe-history-tokens", type=int, default=1200, help="Returning conversation's history.")
     p.add_argument("--probe-repeats", type=int, default=5)
