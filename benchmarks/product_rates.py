@@ -34,10 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chatfleet.engine.builtin_models.tiny import resolve_model  # noqa: E402
 from chatfleet.engine.models.checkpoint import read_hf_config  # noqa: E402
 from chatfleet.engine.models.qwen3 import Qwen3Config  # noqa: E402
-from cpu_floor import matmul_peak  # noqa: E402  (same folder)
+from common import RESULTS_DIR  # noqa: E402  (same folder)
+from cpu_floor import matmul_peak  # noqa: E402
 from machine import default_dtypes, describe_machine, load_average  # noqa: E402
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def linear_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, int]]:
